@@ -1,0 +1,156 @@
+"""Benchmark of the analysis side on Postgres: a study of 1,000 trials x 200 evaluations x 3 metrics
+(600,000 metric points), then `analyze_study` and every plot in SVG and PNG, each timed warm (the
+median of several runs after one warm-up) and printed as a table. Targets: analysis < 1 s, each
+plot < 1 s.
+
+    .venv/bin/python bench/analysis_bench.py [--trials 1000] [--evals 200] [--url postgresql+psycopg://...]
+
+The study is written straight into a scratch database with set-based SQL (the worker protocol is
+benchmarked in bench/server_bench.py); the database is dropped afterwards."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+from hpo.server import plots
+from hpo.server.analysis.plotdata import PLOT_KINDS, plot_data
+from hpo.server.analysis.service import analyze_study
+from hpo.server.db import Database
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "optimizer-comparison.json"
+
+_TRIALS = """
+INSERT INTO trials (study_id, number, arm, params, point_index, seed, replica_index, status, attempt, failures,
+                    restart_after_attempt, fail_kind, error)
+SELECT :study_id, g - 1,
+       jsonb_build_object('optimizer', arm),
+       jsonb_build_object('optimizer', arm, 'learning_rate', lr, 'weight_decay', wd, 'batch_size', 128,
+                          CASE WHEN arm = 'adam' THEN 'beta1' ELSE 'momentum' END, 0.9),
+       (g - 1) / 2, g, 0,
+       CASE WHEN u > 0.93 THEN 'infeasible' ELSE 'completed' END, 1, 0, 0,
+       CASE WHEN u > 0.93 THEN 'infeasible' END,
+       CASE WHEN u > 0.93 THEN 'NaN loss at step ' || (100 + g % 500)::text END
+FROM (
+    SELECT g, CASE WHEN g % 2 = 0 THEN 'adam' ELSE 'nesterov' END AS arm,
+           ((g * 0.6180339887) - floor(g * 0.6180339887)) AS u,
+           ((g * 0.7548776662) - floor(g * 0.7548776662)) AS v
+    FROM generate_series(1, CAST(:n AS integer)) AS g
+) s
+CROSS JOIN LATERAL (SELECT exp(ln(1e-4) + u * (ln(1.0) - ln(1e-4))) AS lr,
+                           exp(ln(1e-6) + v * (ln(1e-2) - ln(1e-6))) AS wd) p
+"""
+
+# Three metrics at every evaluation: a valley in log10(lr) around 1e-2 sets each trial's level.
+_POINTS = """
+INSERT INTO metric_points (trial_id, name, step, value, nonfinite)
+SELECT t.id, m.name, e.step,
+       CASE m.name
+         WHEN 'valid/error_rate' THEN 0.1 + 0.1 * power(log((t.params->>'learning_rate')::float8) + 2, 2)
+                                      + 0.8 * exp(-e.step / 400.0) + 0.004 * (random() - 0.5)
+         WHEN 'train/loss' THEN 0.05 + 2.0 * exp(-e.step / 400.0) * (1 + 0.05 * (random() - 0.5))
+         ELSE 1.0 + 4.0 * random() * random()
+       END,
+       0
+FROM trials t
+CROSS JOIN generate_series(CAST(:every AS integer), CAST(:last AS integer), CAST(:every AS integer)) AS e(step)
+CROSS JOIN (VALUES ('valid/error_rate'), ('train/loss'), ('train/grad_norm')) AS m(name)
+WHERE t.study_id = :study_id
+"""
+
+_BEST = """
+UPDATE trials t SET objective_value = b.value, best_step = b.step
+FROM (SELECT DISTINCT ON (trial_id) trial_id, value, step FROM metric_points
+      WHERE name = 'valid/error_rate' AND nonfinite = 0 ORDER BY trial_id, value, step) b
+WHERE b.trial_id = t.id AND t.status = 'completed'
+"""
+
+
+def build_study(db: Database, n_trials: int, evals: int) -> int:
+    """Inserts the study, its trials and n_trials x evals x 3 metric points; answers the study id."""
+    spec = json.loads(EXAMPLE.read_text())
+    spec["trainer"]["max_train_steps"] = 10 * evals
+    with db.engine.begin() as conn:
+        study_id = conn.execute(
+            text(
+                "INSERT INTO studies (name, description, goal, status, algorithm, seed, num_trials, next_point_index,"
+                " spec, objective_metric, objective_mode, cpus_needed, gpus_needed, max_attempts, max_failed_trials,"
+                " consecutive_errors) VALUES (:name, :description, '', 'active', 'halton', 0, :per_arm, :per_arm,"
+                " CAST(:spec AS jsonb), 'valid/error_rate', 'min', 1, 0, 3, 3, 0) RETURNING id"
+            ),
+            {
+                "name": spec["name"],
+                "description": spec["description"],
+                "per_arm": n_trials // 2,
+                "spec": json.dumps(spec),
+            },
+        ).scalar_one()
+        conn.execute(text(_TRIALS), {"study_id": study_id, "n": n_trials})
+        conn.execute(text(_POINTS), {"study_id": study_id, "every": 10, "last": 10 * evals})
+        conn.execute(text(_BEST))
+        conn.execute(text("ANALYZE"))
+    return int(study_id)
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    """Median seconds over `repeat` runs after one warm-up run, and the last result."""
+    result = fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="postgresql+psycopg://postgres@127.0.0.1:5432", help="Postgres server URL")
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--evals", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    name = f"hpo_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(f"{args.url}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    db = Database(f"{args.url}/{name}")
+    try:
+        run(db, args)
+    finally:
+        db.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def run(db: Database, args: argparse.Namespace) -> None:
+    db.upgrade()
+    start = time.perf_counter()
+    study_id = build_study(db, args.trials, args.evals)
+    with db.engine.connect() as conn:
+        points = conn.execute(text("SELECT count(*) FROM metric_points")).scalar_one()
+    print(f"built {args.trials} trials, {points:,} metric points in {time.perf_counter() - start:.1f} s")
+    rows = []
+    seconds, analysis = timed(lambda: analyze_study(db, study_id), args.repeat)
+    rows.append(("analysis (GET .../analysis)", seconds, f"{len(analysis['warnings'])} warnings"))
+    for kind in PLOT_KINDS:
+        for fmt in ("svg", "png"):
+            seconds, body = timed(lambda k=kind, f=fmt: plots.render(k, plot_data(db, study_id, k), f), args.repeat)
+            rows.append((f"plot {kind}.{fmt}", seconds, f"{len(body) / 1024:.0f} KiB"))
+    print(f"{'what':34} {'median s':>9}  target  note")
+    for what, seconds, note in rows:
+        verdict = "ok" if seconds < 1.0 else "SLOW"
+        print(f"{what:34} {seconds:9.3f}  <1 s {verdict:4}  {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The one settings object, read once from the `HPO_*` environment and passed in from there."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SettingsError(ValueError):
+    """An `HPO_*` variable has a value the service cannot run with."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = "sqlite:///./hpo.db"
+    artifact_root: Path = Path("./artifacts")
+    api_token: str | None = None
+    lease_seconds: float = 60.0
+    max_body_bytes: int = 32 * 1024 * 1024
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Reads `HPO_DATABASE_URL`, `HPO_ARTIFACT_ROOT`, `HPO_API_TOKEN`, `HPO_LEASE_SECONDS`,
+        `HPO_MAX_BODY_BYTES`; fails fast with the variable's name on a bad value."""
+        env = os.environ if environ is None else environ
+        defaults = cls()
+        settings = cls(
+            database_url=env.get("HPO_DATABASE_URL", defaults.database_url),
+            artifact_root=Path(env.get("HPO_ARTIFACT_ROOT", str(defaults.artifact_root))),
+            api_token=env.get("HPO_API_TOKEN") or None,
+            lease_seconds=_number(env, "HPO_LEASE_SECONDS", defaults.lease_seconds),
+            max_body_bytes=int(_number(env, "HPO_MAX_BODY_BYTES", defaults.max_body_bytes)),
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not self.database_url.startswith(("sqlite", "postgresql")):
+            raise SettingsError(
+                f"HPO_DATABASE_URL must be sqlite:///PATH or postgresql+psycopg://..., got {self.database_url!r}"
+            )
+        if not 1 <= self.lease_seconds <= 24 * 3600:
+            raise SettingsError(f"HPO_LEASE_SECONDS must be between 1 and 86400, got {self.lease_seconds}")
+        if self.max_body_bytes < 1024:
+            raise SettingsError(f"HPO_MAX_BODY_BYTES must be at least 1024, got {self.max_body_bytes}")
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None

@@ -1,0 +1,151 @@
+"""Search-space boundary checks.
+
+Playbook, "Identifying bad search space boundaries": a search space is suspicious if the best point
+sampled from it is close to its boundary; if the best points cluster towards the edge of a
+dimension, widen it until the best observed point is no longer close to the boundary.
+
+A check is one (declaration, arm) pair, over that arm's feasible trials (replicas left out), in the
+space of the declaration's scale. It flags a side when both hold:
+- the best trial sits in the outer `band` of the range on that side, and
+- the objective improves steadily towards that side: Spearman's rank correlation between position
+  and objective is significant one-sided at `alpha`.
+The second condition keeps a hyperparameter that does not matter (whose best trial lands near an
+edge by chance) or an optimum inside the range from raising a false alarm."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from .model import TrialSummary, arm_label, fmt, warning
+from .space import Dimension, unit, widened
+
+BAND = 0.15
+ALPHA = 0.01
+MIN_TRIALS = 6
+
+
+@dataclass(frozen=True)
+class BoundaryCheck:
+    """The outcome of one check; `side` is None when the range looks wide enough."""
+
+    dim: Dimension
+    arm: dict[str, Any]
+    n: int
+    best_trial_id: int
+    best_value: Any
+    best_unit: float
+    rho: float
+    p_value: float
+    side: str | None
+    suggested: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "param": self.dim.name,
+            "label": self.dim.label,
+            "arm": self.arm,
+            "n": self.n,
+            "best_trial_id": self.best_trial_id,
+            "best_value": self.best_value,
+            "best_position": round(self.best_unit, 4),
+            "rho": round(self.rho, 4),
+            "p_value": float(f"{self.p_value:.3g}"),
+            "side": self.side,
+            "range": [self.dim.min, self.dim.max] if self.dim.type != "discrete" else list(self.dim.values),
+            "scale": self.dim.scale,
+            "suggested": self.suggested,
+        }
+
+
+def check_boundaries(
+    dims: Sequence[Dimension], trials: Sequence[TrialSummary], sign: float, *, band: float = BAND, alpha: float = ALPHA
+) -> list[BoundaryCheck]:
+    """One check per ordered, varied declaration and arm it applies to, with at least
+    `MIN_TRIALS` feasible trials. `sign` is +1 when lower objective is better, -1 otherwise."""
+    by_arm: dict[str, list[TrialSummary]] = {}
+    for t in trials:
+        if t.feasible and t.replica_of is None:
+            by_arm.setdefault(t.arm_key, []).append(t)
+    checks = []
+    for arm_trials in by_arm.values():
+        arm = dict(arm_trials[0].arm)
+        for dim in dims:
+            if dim.varied and dim.ordered and dim.applies(arm):
+                check = _check_one(dim, arm, arm_trials, sign, band, alpha)
+                if check is not None:
+                    checks.append(check)
+    return checks
+
+
+def _check_one(
+    dim: Dimension, arm: dict[str, Any], trials: Sequence[TrialSummary], sign: float, band: float, alpha: float
+) -> BoundaryCheck | None:
+    points = [(unit(dim, t.params.get(dim.name)), sign * float(t.objective or 0.0), t) for t in trials]
+    usable = [(u, y, t) for u, y, t in points if u is not None and dim.name in t.params]
+    if len(usable) < MIN_TRIALS:
+        return None
+    u = np.array([p[0] for p in usable])
+    y = np.array([p[1] for p in usable])
+    if np.ptp(u) == 0 or np.ptp(y) == 0:
+        return None
+    rho, p_two = stats.spearmanr(u, y)
+    rho, p_one = float(rho), float(p_two) / 2
+    best = int(np.argmin(y))
+    side = None
+    if u[best] >= 1 - band and rho < 0 and p_one < alpha:
+        side = "max"
+    elif u[best] <= band and rho > 0 and p_one < alpha:
+        side = "min"
+    best_trial = usable[best][2]
+    return BoundaryCheck(
+        dim=dim,
+        arm=arm,
+        n=len(usable),
+        best_trial_id=best_trial.id,
+        best_value=best_trial.params[dim.name],
+        best_unit=float(u[best]),
+        rho=rho,
+        p_value=p_one,
+        side=side,
+        suggested=widened(dim, side) if side else None,
+    )
+
+
+def boundary_warnings(checks: Sequence[BoundaryCheck], n_arms: int) -> list[dict[str, Any]]:
+    """One `boundary` warning per declaration and side, naming the arms where it holds."""
+    grouped: dict[tuple[str, str], list[BoundaryCheck]] = {}
+    for check in checks:
+        if check.side is not None:
+            grouped.setdefault((check.dim.label, check.side), []).append(check)
+    return [_warning(group, n_arms) for group in grouped.values()]
+
+
+def _warning(group: list[BoundaryCheck], n_arms: int) -> dict[str, Any]:
+    first = group[0]
+    dim, side = first.dim, first.side or "max"
+    where = ""
+    if n_arms > 1:
+        where = " in arm " + "; ".join(arm_label(c.arm) for c in group)
+    searched = (
+        f"[{fmt(dim.min)}, {fmt(dim.max)}] ({dim.scale} scale)"
+        if dim.type != "discrete"
+        else "[" + ", ".join(map(fmt, dim.values)) + "]"
+    )
+    best = ", ".join(fmt(c.best_value) for c in group)
+    if first.suggested is None:
+        action = f"The range cannot be widened on that side; consider reparameterizing {dim.name}."
+    elif dim.type == "discrete":
+        action = f"Add {fmt(first.suggested)} to its values and run another study."
+    else:
+        action = f"Widen the range: try {side} = {fmt(first.suggested)} and run another study."
+    message = (
+        f"{dim.label}: the best trials{where} sit at the {side} edge of the searched range {searched} "
+        f"(best at {best}; the objective improves towards that edge, Spearman rho = {first.rho:.2f} over "
+        f"{first.n} trials), so a better point may lie outside it. {action}"
+    )
+    return warning("boundary", message, param=dim.name, side=side)

@@ -1,0 +1,162 @@
+"""Infeasible trials: how many, why, where in the search space, and whether the best learning rate
+sits at the edge of feasibility.
+
+Playbook, "Extracting insight from experimental results": what fraction of the trials are
+infeasible (diverge, get really bad loss values, or fail to run)? When it is very large, adjust the
+search space to avoid sampling such points. "Identifying unstable workloads" (Figure 7a): a best
+learning rate right at the edge of instability suggests fixing the instability (warmup, clipping)
+would allow higher learning rates and better results."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from .model import TrialSummary, arm_label, fmt, warning
+from .space import Dimension, is_learning_rate, unit
+
+# A warning above this share of infeasible trials (the playbook says "a very large fraction").
+INFEASIBLE_SHARE = 0.2
+# Instability: infeasible trials start this close above the best learning rate, in unit range.
+NEIGHBOUR_GAP = 0.15
+
+
+def infeasible_summary(trials: Sequence[TrialSummary], dims: Sequence[Dimension], metric: str) -> dict[str, Any]:
+    """`{fraction, count, finished, reasons: [{reason, count}], where}` over the original trials:
+    fraction = infeasible / (completed + infeasible); `where` names the hyperparameter whose
+    position best separates infeasible from feasible trials (None when none does)."""
+    originals = [t for t in trials if t.replica_of is None]
+    bad = [t for t in originals if t.infeasible]
+    finished = sum(t.status in ("completed", "infeasible") for t in originals)
+    reasons = Counter(_reason(t, metric) for t in bad)
+    return {
+        "fraction": len(bad) / finished if finished else 0.0,
+        "count": len(bad),
+        "finished": finished,
+        "reasons": [{"reason": r, "count": n} for r, n in reasons.most_common(5)],
+        "where": _where(dims, originals),
+    }
+
+
+def infeasible_warnings(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    if summary["finished"] < 5 or summary["fraction"] < INFEASIBLE_SHARE:
+        return []
+    reasons = "; ".join(f"{r['reason']} (x{r['count']})" for r in summary["reasons"][:3])
+    message = (
+        f"{summary['fraction']:.0%} of the finished trials ({summary['count']} of {summary['finished']}) are "
+        f"infeasible: {reasons}."
+    )
+    where = summary["where"]
+    param = None
+    if where is not None:
+        param = where["param"]
+        direction = "high" if where["side"] == "max" else "low"
+        message += (
+            f" They concentrate at {direction} {where['label']} (from about {fmt(where['from_value'])}): narrow "
+            "the range or reparameterize the search space so fewer points are wasted."
+        )
+    else:
+        message += " Adjust the search space to avoid such points; when they are spread everywhere, look for a bug."
+    return [warning("infeasible", message, param=param, side=where["side"] if where else None)]
+
+
+def instability_warnings(
+    dims: Sequence[Dimension], trials: Sequence[TrialSummary], sign: float
+) -> list[dict[str, Any]]:
+    """`instability` for each arm whose best learning rate sits just below the learning rates
+    where trials become infeasible (see `_edge_of_feasibility`)."""
+    out = []
+    groups: dict[str, list[TrialSummary]] = {}
+    for t in trials:
+        if t.replica_of is None and (t.feasible or t.infeasible):
+            groups.setdefault(t.arm_key, []).append(t)
+    for group in groups.values():
+        arm = group[0].arm
+        for dim in dims:
+            if dim.varied and dim.ordered and is_learning_rate(dim.name) and dim.applies(arm):
+                found = _edge_of_feasibility(dim, group, sign)
+                if found is not None:
+                    out.append(_instability(dim, arm, *found, n_arms=len(groups)))
+    return out
+
+
+def _edge_of_feasibility(
+    dim: Dimension, group: Sequence[TrialSummary], sign: float
+) -> tuple[TrialSummary, TrialSummary] | None:
+    """The best trial and the nearest infeasible trial above it, when that one lies within
+    `NEIGHBOUR_GAP` of the best (in unit range) and at least half of the trials from it upward are
+    infeasible (infeasibility that sets in at high learning rates, not scattered failures)."""
+    placed = [(unit(dim, t.params.get(dim.name)), t) for t in group if dim.name in t.params]
+    points = sorted(((u, t) for u, t in placed if u is not None), key=lambda p: p[0])
+    feasible = [(u, t) for u, t in points if t.feasible]
+    if len(feasible) < 3 or len(feasible) == len(points):
+        return None
+    u_best, best = min(feasible, key=lambda p: sign * (p[1].objective or 0.0))
+    above = [(u, t) for u, t in points if u > u_best and t.infeasible]
+    if not above or above[0][0] - u_best > NEIGHBOUR_GAP:
+        return None
+    upward = [t for u, t in points if u >= above[0][0]]
+    if 2 * sum(t.infeasible for t in upward) < len(upward):
+        return None
+    return best, above[0][1]
+
+
+def _instability(dim: Dimension, arm: Any, best: TrialSummary, neighbour: TrialSummary, n_arms: int) -> dict[str, Any]:
+    where = f" in arm {arm_label(arm)}" if n_arms > 1 else ""
+    message = (
+        f"{dim.label}: the best value{where}, {fmt(best.params[dim.name])} (trial {best.id}), sits right below "
+        f"the infeasible trials, the first at {fmt(neighbour.params[dim.name])}: the model is at the edge of training "
+        "instability, which is forcing a small learning rate. Try learning-rate warmup or gradient clipping, then "
+        "search higher learning rates."
+    )
+    return warning("instability", message, param=dim.name, trial_id=best.id)
+
+
+def _reason(trial: TrialSummary, metric: str) -> str:
+    if trial.status == "completed":
+        return f"no finite value of {metric}"
+    text = (trial.error or trial.fail_kind or "infeasible").strip().splitlines()[0][:120]
+    return re.sub(r"\d+(\.\d+)?([eE][-+]?\d+)?", "N", text)
+
+
+def _where(dims: Sequence[Dimension], trials: Sequence[TrialSummary]) -> dict[str, Any] | None:
+    """The hyperparameter whose unit position separates infeasible from feasible trials most
+    (Mann-Whitney p < 0.01 and medians at least a quarter of the range apart)."""
+    best: dict[str, Any] | None = None
+    for dim in dims:
+        if not (dim.varied and dim.ordered):
+            continue
+        found = _separation(dim, trials)
+        if found is not None and (best is None or found["gap"] > best["gap"]):
+            best = found
+    return best
+
+
+def _separation(dim: Dimension, trials: Sequence[TrialSummary]) -> dict[str, Any] | None:
+    bad: list[tuple[float, TrialSummary]] = []
+    good: list[tuple[float, TrialSummary]] = []
+    for t in trials:
+        u = unit(dim, t.params.get(dim.name)) if dim.name in t.params and dim.applies(t.arm) else None
+        if u is not None and (t.infeasible or t.feasible):
+            (bad if t.infeasible else good).append((u, t))
+    if len(bad) < 3 or len(good) < 3:
+        return None
+    ub, ug = np.array([u for u, _ in bad]), np.array([u for u, _ in good])
+    gap = float(np.median(ub) - np.median(ug))
+    if abs(gap) < 0.25 or stats.mannwhitneyu(ub, ug).pvalue >= 0.01:
+        return None
+    side = "max" if gap > 0 else "min"
+    beyond = [(u, t) for u, t in bad if (u > np.median(ug)) == (side == "max")]
+    edge = min(beyond, key=lambda p: p[0]) if side == "max" else max(beyond, key=lambda p: p[0])
+    return {
+        "param": dim.name,
+        "label": dim.label,
+        "side": side,
+        "gap": abs(gap),
+        "from_value": edge[1].params[dim.name],
+    }

@@ -1,0 +1,102 @@
+"""Plain value types the analysis works on, separate from storage rows, and the warning shape."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """One trial reduced to what the analysis needs; `objective` is its best finite value of the
+    objective metric (None when it has none), `best_step` where it happened."""
+
+    id: int
+    number: int
+    arm: Mapping[str, Any]
+    params: Mapping[str, Any]
+    status: str
+    objective: float | None = None
+    best_step: int | None = None
+    replica_of: int | None = None
+    fail_kind: str | None = None
+    error: str | None = None
+
+    @property
+    def feasible(self) -> bool:
+        """Completed with a finite objective."""
+        return self.status == "completed" and self.objective is not None and math.isfinite(self.objective)
+
+    @property
+    def infeasible(self) -> bool:
+        """Playbook, "Extracting insight": trials that diverge, get really bad (non-finite) values or
+        fail because of the point itself. A completed trial without a finite objective counts."""
+        return self.status == "infeasible" or (self.status == "completed" and not self.feasible)
+
+    @cached_property
+    def arm_key(self) -> str:
+        """`arm_key(self.arm)`, computed once (grouping by arm asks for it often)."""
+        return arm_key(self.arm)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One metric of one trial against step, in step order; NaN stands for any non-finite value."""
+
+    steps: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, steps: Iterable[float], values: Iterable[float]) -> Curve:
+        return cls(np.asarray(list(steps), dtype=float), np.asarray(list(values), dtype=float))
+
+    def finite(self) -> Curve:
+        keep = np.isfinite(self.values)
+        return Curve(self.steps[keep], self.values[keep])
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The study's objective: metric name and mode. `sign` turns values into lower-is-better."""
+
+    metric: str
+    mode: str = "min"
+
+    @property
+    def sign(self) -> float:
+        return 1.0 if self.mode == "min" else -1.0
+
+
+def arm_key(arm: Mapping[str, Any]) -> str:
+    """A stable key for an arm (its scientific values)."""
+    return json.dumps(arm, sort_keys=True, default=str)
+
+
+def arm_label(arm: Mapping[str, Any]) -> str:
+    """`optimizer=adam, depth=4`, or `all trials` for a study with a single arm."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(arm.items())) or "all trials"
+
+
+def warning(
+    kind: str, message: str, *, param: str | None = None, side: str | None = None, trial_id: int | None = None
+) -> dict[str, Any]:
+    """A typed warning in the API's shape `{kind, message, param, side, trial_id}`."""
+    return {"kind": kind, "message": message, "param": param, "side": side, "trial_id": trial_id}
+
+
+def fmt(value: Any) -> str:
+    """A number for a message: 4 significant digits, integers as integers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or (math.isfinite(value) and float(value).is_integer() and abs(value) < 1e9):
+        return str(int(value))
+    return f"{value:.4g}"

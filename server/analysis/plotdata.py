@@ -1,0 +1,129 @@
+"""What each plot needs, loaded with the analysis' own queries and checks (playbook, "Automate
+generically useful plots": axis plots for every varied hyperparameter, training curves of the
+best trials, and more). Each kind loads only its own data, so a plot never waits on the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..db import Database
+from ..errors import NotFound
+from ..models import Checkpoint, Trial
+from . import queries
+from .arms import arm_summaries
+from .boundary import check_boundaries
+from .curves import OBJECTIVE_TRAIN
+from .isolation import isolation_series
+from .service import BEST_FEW, budgets, evaluation_noise, horizon_of, load
+from .space import dimensions
+from .training import best_step_summary
+
+PLOT_KINDS = ("axis", "isolation", "curves", "grad_norm", "best_steps", "budget")
+CURVE_EXTRA = ("valid/loss",)
+
+
+def plot_data(db: Database, study_id: int, kind: str, trial_id: int | None = None) -> dict[str, Any]:
+    """The plain data `plots.render(kind, ...)` draws. `trial_id` narrows `curves` and `grad_norm`
+    to one trial of the study. Raises `NotFound` for an unknown study or a trial not in it."""
+    with db.transaction() as session:
+        study = queries.study_info(session, study_id)
+        base: dict[str, Any] = {"study": study.name, "metric": study.metric, "mode": study.mode}
+        return {**base, **_LOADERS[kind](session, study, trial_id)}
+
+
+def _axis(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
+    trials = queries.trial_summaries(session, study.id)
+    dims = dimensions(study.spec)
+    sign = 1.0 if study.mode == "min" else -1.0
+    flagged = {(c.dim.label, c.side) for c in check_boundaries(dims, trials, sign) if c.side}
+    return {"dims": [d for d in dims if d.varied], "trials": trials, "flagged": flagged}
+
+
+def _isolation(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
+    trials = queries.trial_summaries(session, study.id)
+    sign = 1.0 if study.mode == "min" else -1.0
+    arms = arm_summaries(trials, sign)
+    return {"series": isolation_series(dimensions(study.spec), trials, arms, sign), "arms": arms}
+
+
+def _curves(session: Session, study: queries.StudyInfo, trial_id: int | None) -> dict[str, Any]:
+    names = sorted({study.metric, OBJECTIVE_TRAIN, *CURVE_EXTRA})
+    if trial_id is not None:
+        _ensure_in_study(session, study.id, trial_id)
+        entries: list[dict[str, Any]] = [{"trial_id": trial_id, "label": f"trial {trial_id}", "rank": 1}]
+        curves = queries.curves_of(session, [trial_id], names)
+    else:
+        ranks, curves = queries.best_trial_curves(session, study.id, study.mode, BEST_FEW, names)
+        trials = {t.id: t for t in queries.trial_summaries(session, study.id)}
+        entries = [
+            {"trial_id": tid, "label": _arm_text(trials[tid].arm, tid, rank), "rank": rank}
+            for tid, rank in sorted(ranks.items(), key=lambda kv: (kv[1], kv[0]))
+        ]
+    ids = [int(e["trial_id"]) for e in entries]
+    return {"entries": entries, "curves": curves, "checkpoints": _checkpoints(session, ids)}
+
+
+def _grad_norm(session: Session, study: queries.StudyInfo, trial_id: int | None) -> dict[str, Any]:
+    if trial_id is not None:
+        _ensure_in_study(session, study.id, trial_id)
+        entries: list[dict[str, Any]] = [{"trial_id": trial_id, "label": f"trial {trial_id}"}]
+    else:
+        sign = 1.0 if study.mode == "min" else -1.0
+        arms = arm_summaries(queries.trial_summaries(session, study.id), sign)
+        entries = [{"trial_id": a["best_trial_id"], "label": a["label"]} for a in arms if a["best_trial_id"]]
+    ids = [int(e["trial_id"]) for e in entries]
+    stats = {row["trial_id"]: row for row in queries.grad_norm_stats(session, ids)}
+    curves = queries.curves_of(session, ids, ["train/grad_norm"])
+    for e in entries:
+        e["p90"] = stats.get(e["trial_id"], {}).get("p90")
+        e["curve"] = curves.get(int(e["trial_id"]), {}).get("train/grad_norm")
+    return {"entries": entries}
+
+
+def _best_steps(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
+    sign = 1.0 if study.mode == "min" else -1.0
+    trials = queries.trial_summaries(session, study.id)
+    return {"summary": best_step_summary(trials, sign, horizon_of(session, study))}
+
+
+def _budget(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
+    data = load(session, study.id)
+    arms = arm_summaries(data.trials, data.sign)
+    series, _ = budgets(data.trials, arms, data.sign, study.metric, evaluation_noise(data))
+    return {"series": series}
+
+
+def _checkpoints(session: Session, trial_ids: list[int]) -> dict[int, list[int]]:
+    if not trial_ids:
+        return {}
+    rows = session.execute(
+        select(Checkpoint.trial_id, Checkpoint.step).where(Checkpoint.trial_id.in_(trial_ids)).order_by(Checkpoint.step)
+    ).all()
+    out: dict[int, list[int]] = {}
+    for tid, step in rows:
+        out.setdefault(tid, []).append(step)
+    return out
+
+
+def _ensure_in_study(session: Session, study_id: int, trial_id: int) -> None:
+    if session.scalar(select(Trial.id).where(Trial.id == trial_id, Trial.study_id == study_id)) is None:
+        raise NotFound(f"trial {trial_id} not found in study {study_id}")
+
+
+def _arm_text(arm: Any, trial_id: int, rank: int) -> str:
+    name = ", ".join(f"{k}={v}" for k, v in sorted(dict(arm).items()))
+    return f"{name + ' ' if name else ''}#{rank} (trial {trial_id})"
+
+
+_LOADERS: dict[str, Callable[[Session, queries.StudyInfo, int | None], dict[str, Any]]] = {
+    "axis": _axis,
+    "isolation": _isolation,
+    "curves": _curves,
+    "grad_norm": _grad_norm,
+    "best_steps": _best_steps,
+    "budget": _budget,
+}

@@ -1,0 +1,251 @@
+"""`analyze_study`: the playbook's post-study checklist, run for the person ("Extracting insight
+from experimental results" and the sections after it).
+
+Loading happens in one transaction (queries.py, where the database does the heavy lifting); the
+checks are plain functions over plain data (boundary.py, diagnostics.py, budget.py, ...)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from ..db import Database
+from . import queries
+from .arms import arm_summaries, within_noise_warnings
+from .boundary import boundary_warnings, check_boundaries
+from .budget import best_of_k, flattened
+from .curves import OBJECTIVE_TRAIN, curve_report
+from .diagnostics import late_noise
+from .feasibility import infeasible_summary, infeasible_warnings, instability_warnings
+from .isolation import isolation_series
+from .model import Curve, TrialSummary, arm_key, fmt, warning
+from .space import Dimension, dimensions, is_regularizer
+from .training import (
+    best_step_summary,
+    caveats,
+    clipping_warnings,
+    grad_clip_summary,
+    max_train_steps_warnings,
+    warmup_warnings,
+)
+
+BEST_FEW = 3
+
+
+@dataclass(frozen=True)
+class StudyData:
+    """Everything the analysis reads, loaded in one snapshot."""
+
+    study: queries.StudyInfo
+    trials: list[TrialSummary]
+    ranks: dict[int, int]
+    curves: dict[int, dict[str, Curve]]
+    grad: list[dict[str, Any]]
+    horizon: float | None
+
+    @property
+    def sign(self) -> float:
+        return 1.0 if self.study.mode == "min" else -1.0
+
+    @property
+    def dims(self) -> list[Dimension]:
+        return dimensions(self.study.spec)
+
+    @property
+    def trainer(self) -> dict[str, Any]:
+        return dict(self.study.spec.get("trainer") or {})
+
+
+def analyze_study(db: Database, study_id: int) -> dict[str, Any]:
+    """The analysis of a study in DESIGN.md's shape (`study_id, objective, infeasible_fraction,
+    arms, warnings, caveats, max_train_steps, grad_clip`, plus `boundary, infeasible, curves,
+    budget, isolation` with the numbers behind every warning). Raises `NotFound` for an unknown
+    study. Works on a study that is still running: unfinished trials are counted, never judged."""
+    with db.transaction() as session:
+        data = load(session, study_id)
+    return json_safe(analysis_of(data))
+
+
+def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyData:
+    """Loads the study, its trial summaries, the curves of the best few trials per arm and the
+    gradient-norm statistics of each arm's best trial."""
+    study = queries.study_info(session, study_id)
+    trials = queries.trial_summaries(session, study_id)
+    names = sorted({study.metric, OBJECTIVE_TRAIN})
+    ranks, curves = queries.best_trial_curves(session, study_id, study.mode, best_few, names)
+    sign = 1.0 if study.mode == "min" else -1.0
+    best_ids = [a["best_trial_id"] for a in arm_summaries(trials, sign) if a["best_trial_id"] is not None]
+    grad = queries.grad_norm_stats(session, best_ids)
+    horizon = horizon_of(session, study)
+    return StudyData(study=study, trials=trials, ranks=ranks, curves=curves, grad=grad, horizon=horizon)
+
+
+def analysis_of(data: StudyData) -> dict[str, Any]:
+    """Runs every check on loaded data (no database needed)."""
+    sign, dims, trials, study = data.sign, data.dims, data.trials, data.study
+    arms = arm_summaries(trials, sign)
+    boundary = check_boundaries(dims, trials, sign)
+    infeasible = infeasible_summary(trials, dims, study.metric)
+    regularizer = next((d.name for d in dims if d.role == "scientific" and is_regularizer(d.name)), None)
+    curves, curve_warns = curve_report(_ranked(data, arms), data.curves, study.metric, sign, data.horizon, regularizer)
+    steps = best_step_summary(trials, sign, data.horizon)
+    grad = grad_clip_summary(data.grad, arms)
+    budget, budget_warns = budgets(trials, arms, sign, study.metric, evaluation_noise(data))
+    if any(c.side for c in boundary):
+        budget_warns = []  # more trials in a space that is too narrow help little: widen it first
+    warnings = [
+        *infeasible_warnings(infeasible),
+        *boundary_warnings(boundary, len(arms)),
+        *instability_warnings(dims, trials, sign),
+        *curve_warns,
+        *max_train_steps_warnings(steps),
+        *clipping_warnings(grad),
+        *warmup_warnings(dims, data.trainer, arms, data.horizon),
+        *budget_warns,
+        *within_noise_warnings(arms, sign),
+    ]
+    return {
+        "study_id": study.id,
+        "name": study.name,
+        "objective": {"metric": study.metric, "mode": study.mode},
+        "trial_counts": _counts(trials),
+        "infeasible_fraction": infeasible["fraction"],
+        "arms": arms,
+        "warnings": warnings,
+        "caveats": caveats(dims, data.trainer) + _regularizer_caveat(regularizer),
+        "max_train_steps": steps,
+        "grad_clip": grad,
+        "boundary": [c.as_dict() for c in boundary],
+        "infeasible": infeasible,
+        "curves": curves,
+        "budget": budget,
+        "isolation": isolation_series(dims, trials, arms, sign),
+    }
+
+
+def budgets(
+    trials: Sequence[TrialSummary],
+    arms: Sequence[Mapping[str, Any]],
+    sign: float,
+    metric: str,
+    noise: Mapping[str, float] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The Figure 3 bootstrap per arm over its original finished trials (replicas left out), and a
+    `too_few_trials` warning naming the arms whose expected best has not flattened. A gain below
+    the arm's noise floor counts as flat: its replica spread where replicas exist, else `noise`
+    (by arm key: the evaluation noise of its best curves), since more trials then only pick
+    luckier evaluations."""
+    out, unflat = [], []
+    for arm in arms:
+        values = [
+            t.objective if t.feasible else None
+            for t in trials
+            if t.replica_of is None and dict(t.arm) == arm["arm"] and (t.feasible or t.infeasible)
+        ]
+        if not values:
+            continue
+        curve = best_of_k(values, sign)
+        floor = arm["replica_std"] if arm["replica_std"] is not None else (noise or {}).get(arm_key(arm["arm"]))
+        flat, facts = flattened(curve, sign, noise=floor)
+        out.append({"arm": arm["arm"], "label": arm["label"], **curve.as_dict(), "flattened": flat, **facts})
+        if not flat:
+            unflat.append((arm, facts))
+    return out, _too_few(unflat, len(arms), metric)
+
+
+def evaluation_noise(data: StudyData) -> dict[str, float]:
+    """Per arm key, the median late step-to-step noise of its best trials' objective curves."""
+    per_arm: dict[str, list[float]] = {}
+    by_id = {t.id: t for t in data.trials}
+    for trial_id in data.ranks:
+        curve = data.curves.get(trial_id, {}).get(data.study.metric)
+        if curve is not None and trial_id in by_id:
+            per_arm.setdefault(by_id[trial_id].arm_key, []).append(late_noise(curve))
+    return {key: float(np.median(values)) for key, values in per_arm.items()}
+
+
+def _too_few(unflat: list[tuple[Mapping[str, Any], dict[str, Any]]], n_arms: int, metric: str) -> list[dict[str, Any]]:
+    if not unflat:
+        return []
+    where = (" in arm " + "; ".join(a["label"] for a, _ in unflat)) if n_arms > 1 else ""
+    _, facts = unflat[0]
+    if "gain_last_half" in facts:
+        detail = (
+            f"doubling the trials from {facts['n'] // 2} to {facts['n']} still improves the expected best {metric} by "
+            f"{fmt(facts['gain_last_half'])}, {facts['gain_last_half'] / max(facts['gain_total'], 1e-300):.0%} of what "
+            "tuning gained over a single trial"
+        )
+    else:
+        detail = f"only {facts['n']} finished trials, too few to tell"
+    message = (
+        f"The tuning budget has not flattened{where}: {detail} (playbook Figure 3). The study may not have sampled "
+        "enough points: add trials (PATCH num_trials), or search a smaller space."
+    )
+    return [warning("too_few_trials", message)]
+
+
+def _ranked(data: StudyData, arms: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    by_id = {t.id: t for t in data.trials}
+    labels = {a["label"]: a for a in arms}
+    entries = []
+    for trial_id, rank in sorted(data.ranks.items(), key=lambda kv: kv[1]):
+        t = by_id.get(trial_id)
+        if t is None:
+            continue
+        label = next((lbl for lbl, a in labels.items() if a["arm"] == dict(t.arm)), "")
+        entries.append(
+            {
+                "trial_id": t.id,
+                "number": t.number,
+                "arm": dict(t.arm),
+                "label": label,
+                "rank": rank,
+                "best_value": t.objective,
+                "best_step": t.best_step,
+            }
+        )
+    return entries
+
+
+def horizon_of(session: Session, study: queries.StudyInfo) -> float | None:
+    """max_train_steps from the spec's trainer settings, else the last step any trial reported."""
+    steps = (study.spec.get("trainer") or {}).get("max_train_steps")
+    if isinstance(steps, (int, float)) and steps > 0:
+        return float(steps)
+    last = queries.last_step(session, study.id, study.metric)
+    return float(last) if last else None
+
+
+def _counts(trials: Sequence[TrialSummary]) -> dict[str, int]:
+    counts = dict.fromkeys(("pending", "running", "completed", "infeasible", "failed", "cancelled"), 0)
+    for t in trials:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    return counts
+
+
+def _regularizer_caveat(regularizer: str | None) -> list[dict[str, Any]]:
+    if regularizer is None:
+        return []
+    message = (
+        f"The scientific hyperparameter {regularizer} is a regularizer: overfitting of its low settings is expected, "
+        "so overfitting is reported per trial but not warned about."
+    )
+    return [{"param": regularizer, "value": None, "when": None, "message": message}]
+
+
+def json_safe(value: Any) -> Any:
+    """Non-finite floats become None and numpy scalars plain numbers, so the answer is valid JSON."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,83 @@
+"""The tracking sheet (pipeline guidance, "Setting up experiment tracking"): one row per study with
+its name, a link to its config, a short description, the number of trials run, the validation
+performance of the best checkpoint and a reproduction command. One SQL statement for all studies."""
+
+from __future__ import annotations
+
+import csv
+import io
+import shlex
+from typing import Any
+
+from sqlalchemy import text
+
+from ..db import Database
+
+COLUMNS = (
+    "study",
+    "config",
+    "description",
+    "trials_run",
+    "best_validation",
+    "metric",
+    "reproduce",
+    "id",
+    "best_trial_id",
+)
+
+_ROWS = """
+SELECT s.id, s.name, s.description, s.objective_metric AS metric, s.objective_mode AS mode,
+       sum(CASE WHEN t.status IN ('completed', 'infeasible', 'failed') THEN 1 ELSE 0 END) AS trials_run,
+       min(CASE WHEN t.status = 'completed' THEN t.objective_value END) AS best_min,
+       max(CASE WHEN t.status = 'completed' THEN t.objective_value END) AS best_max
+FROM studies s LEFT JOIN trials t ON t.study_id = s.id
+GROUP BY s.id, s.name, s.description, s.objective_metric, s.objective_mode
+ORDER BY s.id
+"""
+
+_BEST_TRIAL = """
+SELECT t.study_id, min(t.id) AS trial_id FROM trials t JOIN studies s ON s.id = t.study_id
+WHERE t.status = 'completed' AND t.objective_value = (CASE WHEN s.objective_mode = 'min'
+      THEN (SELECT min(objective_value) FROM trials u WHERE u.study_id = s.id AND u.status = 'completed')
+      ELSE (SELECT max(objective_value) FROM trials u WHERE u.study_id = s.id AND u.status = 'completed') END)
+GROUP BY t.study_id
+"""
+
+
+def tracking_rows(db: Database, base_url: str) -> list[dict[str, Any]]:
+    """One dict per study (oldest first) with the sheet's `COLUMNS`; `base_url` (no trailing
+    slash) makes the config link and the reproduction command absolute."""
+    with db.transaction() as session:
+        rows = session.execute(text(_ROWS)).all()
+        best_trials = {r.study_id: r.trial_id for r in session.execute(text(_BEST_TRIAL))}
+    return [_row(r, best_trials.get(r.id), base_url) for r in rows]
+
+
+def tracking_csv(rows: list[dict[str, Any]]) -> str:
+    """The rows as CSV text with a header line."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _row(r: Any, best_trial_id: int | None, base_url: str) -> dict[str, Any]:
+    best = r.best_min if r.mode == "min" else r.best_max
+    file = shlex.quote(f"{r.name}.json")
+    server = shlex.quote(base_url)
+    reproduce = (
+        f"hpo study show {r.id} --spec --server {server} > {file} && "
+        f"hpo study create -f {file} --name {shlex.quote(r.name + '-rerun')} --server {server}"
+    )
+    return {
+        "study": r.name,
+        "config": f"{base_url}/api/v1/studies/{r.id}",
+        "description": r.description,
+        "trials_run": int(r.trials_run or 0),
+        "best_validation": "" if best is None else best,
+        "metric": r.metric,
+        "reproduce": reproduce,
+        "id": r.id,
+        "best_trial_id": "" if best_trial_id is None else best_trial_id,
+    }

@@ -1,0 +1,82 @@
+"""The one place that maps the service's errors to HTTP status codes and bodies.
+
+422 bodies name every refused field: `{"detail": [{"field": "hyperparameters[2].min", "reason":
+"..."}], "message": "..."}`; other errors answer `{"detail": "message"}`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import AlreadyExists, Conflict, FieldError, HpoError, InvalidInput, NotFound, StorageError
+
+_log = logging.getLogger("hpo.server")
+
+_STATUS: dict[type[HpoError], int] = {
+    InvalidInput: 422,
+    NotFound: 404,
+    AlreadyExists: 409,
+    Conflict: 409,
+    StorageError: 503,
+}
+
+
+def status_of(error: HpoError) -> int:
+    for cls in type(error).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]  # type: ignore[index]
+    return 400
+
+
+def field_path(loc: Sequence[Any]) -> str:
+    """("body", "hyperparameters", 2, "min") -> "hyperparameters[2].min"."""
+    parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path") else loc)
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or (str(loc[0]) if loc else "body")
+
+
+def _validation_errors(exc: RequestValidationError) -> list[FieldError]:
+    errors = []
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            reason = f"malformed JSON: {error.get('ctx', {}).get('error', 'cannot be parsed')}"
+            errors.append(FieldError("body", reason))
+        else:
+            errors.append(FieldError(field_path(error.get("loc", ())), str(error.get("msg", "invalid"))))
+    return errors
+
+
+def invalid_response(errors: list[FieldError]) -> JSONResponse:
+    body = {"detail": [e.as_dict() for e in errors], "message": "; ".join(f"{e.field}: {e.reason}" for e in errors)}
+    return JSONResponse(status_code=422, content=body)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(HpoError)
+    async def _hpo_error(_request: Request, exc: HpoError) -> JSONResponse:
+        if isinstance(exc, InvalidInput):
+            return invalid_response(exc.errors)
+        if isinstance(exc, StorageError):
+            _log.warning("storage error: %s", exc.__cause__ or exc)
+        return JSONResponse(status_code=status_of(exc), content={"detail": exc.message})
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return invalid_response(_validation_errors(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(status_code=exc.status_code, content={"detail": exc.detail}, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        _log.exception("unexpected error", exc_info=exc)
+        return JSONResponse(status_code=500, content={"detail": "internal error; see the server log"})

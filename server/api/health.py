@@ -1,0 +1,37 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+from sqlalchemy import func, select
+
+from ..models import Study, Trial
+from .deps import DatabaseDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(db: DatabaseDep) -> JSONResponse:
+    if db.ping():
+        return JSONResponse({"status": "ready", "database": "reachable"})
+    return JSONResponse({"status": "not ready", "database": "unreachable"}, status_code=503)
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def prometheus(db: DatabaseDep) -> str:
+    """Trials by status and studies by status, in Prometheus' text format."""
+    with db.transaction() as session:
+        trials = session.execute(select(Trial.status, func.count()).group_by(Trial.status)).all()
+        studies = session.execute(select(Study.status, func.count()).group_by(Study.status)).all()
+    lines = ["# HELP hpo_trials Trials by status.", "# TYPE hpo_trials gauge"]
+    lines += [f'hpo_trials{{status="{status.value}"}} {count}' for status, count in trials]
+    lines += ["# HELP hpo_studies Studies by stored status.", "# TYPE hpo_studies gauge"]
+    lines += [f'hpo_studies{{status="{status.value}"}} {count}' for status, count in studies]
+    return "\n".join(lines) + "\n"

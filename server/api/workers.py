@@ -1,0 +1,53 @@
+"""The worker protocol over HTTP (DESIGN.md, "Trial lifecycle and the worker protocol")."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+
+from .. import leases, results
+from ..schemas import (
+    CheckpointIn,
+    Claim,
+    ClaimRequest,
+    FailRequest,
+    HeartbeatAnswer,
+    LeaseRequest,
+    MetricsAccepted,
+    MetricsIn,
+)
+from .deps import DatabaseDep, SettingsDep, TrialId
+
+router = APIRouter(prefix="/api/v1", tags=["workers"])
+
+
+@router.post("/workers/claim", response_model=Claim, responses={204: {"description": "no trial fits"}})
+def claim(db: DatabaseDep, settings: SettingsDep, body: ClaimRequest) -> Claim | Response:
+    offered = body.resources
+    answer = leases.claim(db, body.worker_id, offered.cpus, offered.gpus, settings.lease_seconds)
+    return Response(status_code=status.HTTP_204_NO_CONTENT) if answer is None else answer
+
+
+@router.post("/trials/{trial_id}/heartbeat", response_model=HeartbeatAnswer)
+def heartbeat(db: DatabaseDep, settings: SettingsDep, trial_id: TrialId, body: LeaseRequest) -> HeartbeatAnswer:
+    return leases.heartbeat(db, trial_id, body.lease_id, settings.lease_seconds)
+
+
+@router.post("/trials/{trial_id}/metrics", response_model=MetricsAccepted)
+def metrics(db: DatabaseDep, trial_id: TrialId, body: MetricsIn) -> MetricsAccepted:
+    return results.record_metrics(db, trial_id, body.lease_id, body.points)
+
+
+@router.post("/trials/{trial_id}/checkpoints", status_code=status.HTTP_201_CREATED)
+def checkpoint(db: DatabaseDep, trial_id: TrialId, body: CheckpointIn) -> dict[str, int]:
+    return {"checkpoint_id": results.record_checkpoint(db, trial_id, body.lease_id, body)}
+
+
+@router.post("/trials/{trial_id}/complete")
+def complete(db: DatabaseDep, trial_id: TrialId, body: LeaseRequest) -> dict[str, str]:
+    leases.complete(db, trial_id, body.lease_id)
+    return {"status": "completed"}
+
+
+@router.post("/trials/{trial_id}/fail")
+def fail(db: DatabaseDep, trial_id: TrialId, body: FailRequest) -> dict[str, str]:
+    return {"status": leases.fail(db, trial_id, body.lease_id, body.kind, body.reason, body.step)}

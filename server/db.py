@@ -1,0 +1,146 @@
+"""Engine, transactions and schema upgrades: the one place that talks to the driver directly.
+
+Every unit of work goes through `Database.transaction()`, which commits, or rolls back and turns
+driver errors into the service's own `StorageError` (Optuna's storage does the same)."""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.expression import ColumnElement, literal_column
+
+from .errors import Conflict, HpoError, StorageError
+
+# An arbitrary constant shared by every hpo server: the advisory lock that serializes upgrades.
+_MIGRATION_LOCK_KEY = 0x68706F
+
+
+class Database:
+    """One database: an engine, a session factory and the dialect-specific clock."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        self.engine = _make_engine(url, echo=echo)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on any error. Driver
+        errors become `StorageError`; the service's own errors pass through unchanged."""
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except HpoError:
+            session.rollback()
+            raise
+        except IntegrityError as exc:
+            # Two writers raced past the same check (e.g. one study name): the loser gets a 409.
+            session.rollback()
+            raise Conflict(f"conflicting write: {exc.orig}") from exc
+        except (DBAPIError, SQLAlchemyError) as exc:
+            session.rollback()
+            raise StorageError(
+                f"database error: {type(exc.orig if isinstance(exc, DBAPIError) else exc).__name__}"
+            ) from exc
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def now_seconds(self) -> ColumnElement[float]:
+        """The database clock in seconds since the epoch, as an SQL expression. Leases compare
+        against it, so server processes and workers never need agreeing clocks."""
+        if self.is_sqlite:
+            return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
+        return literal_column("extract(epoch from clock_timestamp())::double precision")
+
+    def upgrade(self) -> None:
+        """Brings the schema to the newest migration, exactly once however many servers start at
+        once: under an advisory lock on Postgres, a file lock beside the SQLite file."""
+        with self._upgrade_lock(), self.engine.connect() as connection:
+            config = alembic_config(self.url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+            connection.commit()
+
+    @contextmanager
+    def _upgrade_lock(self) -> Iterator[None]:
+        if self.is_sqlite:
+            path = self.engine.url.database
+            if not path or path == ":memory:":
+                yield
+                return
+            with open(f"{path}.migrate-lock", "a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+            return
+        with self.engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+            connection.commit()
+            try:
+                yield
+            finally:
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+                connection.commit()
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            return True
+        except SQLAlchemyError:
+            return False
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def alembic_config(url: str) -> Config:
+    """Alembic's configuration, built in code so migrations ship inside the wheel."""
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("hpo.migrations")))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def _make_engine(url: str, *, echo: bool) -> Engine:
+    if not url.startswith("sqlite"):
+        return create_engine(url, echo=echo, pool_size=20, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(url, echo=echo, connect_args={"timeout": 30, "check_same_thread": False})
+    _serialize_sqlite_writes(engine)
+    return engine
+
+
+def _serialize_sqlite_writes(engine: Engine) -> None:
+    """WAL, a busy timeout and BEGIN IMMEDIATE on every transaction: writers queue for the write
+    lock at the start instead of failing with "database is locked" when a read upgrades to a write
+    (SQLAlchemy's documented recipe for pysqlite)."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout=30000")  # first: switching to WAL itself may wait
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")

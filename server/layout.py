@@ -1,0 +1,296 @@
+"""Trial layout (DESIGN.md, "Trial layout"): arms crossed from the scientific values, one
+quasi-random dimension per varied name, unit points mapped through each declaration's range.
+
+Pure and resumable, like Vizier's quasi-random designer: trials for points `start … start+count-1`
+depend only on the spec, its seed and the point index, so raising `num_trials` continues the
+sequence and nothing already laid out changes. The playbook prefers quasi-random search in the
+exploration phase ("Why use quasi-random search instead of more sophisticated black box
+optimization algorithms during the exploration phase of tuning?")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.stats import qmc
+
+from .errors import FieldError, InvalidInput
+from .spec import Hyperparameter, StudySpec, crossed_arms
+
+OPTIMIZER_PARAMS = ("learning_rate", "momentum", "beta1", "beta2", "epsilon", "weight_decay")
+# The playbook's Adam rule (FAQ: 10 trials for 2 hyperparameters, 25 for 3) works out to about
+# 8 trials per tuned dimension; fewer per arm and the best trial is mostly luck.
+TRIALS_PER_DIMENSION = 8
+ADAM_BUDGET = (("learning_rate",), ("learning_rate", "beta1"), ("learning_rate", "beta1", "epsilon"))
+
+
+@dataclass(frozen=True)
+class TrialDraft:
+    """A trial before it is stored: `unit_point` is the record the params were mapped from."""
+
+    arm: dict[str, Any]
+    params: dict[str, Any]
+    point_index: int | None
+    unit_point: list[float] | None
+    seed: int
+    replica_index: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def arms(spec: StudySpec) -> list[dict[str, Any]]:
+    """The crossing of the categorical/discrete scientific values; `[{}]` when there is none."""
+    return crossed_arms(spec)
+
+
+def dimensions(spec: StudySpec) -> list[str]:
+    """One quasi-random dimension per distinct varied name that is not crossed, ordered by name
+    (continuous scientific hyperparameters join the nuisance ones)."""
+    return sorted({hp.name for hp in spec.hyperparameters if hp.varied and not hp.crossed})
+
+
+def trial_seed(study_seed: int, point_index: int, replica_index: int = 0) -> int:
+    """The training seed of a point: arms at the same point share it (a paired comparison), a
+    retry keeps it, a replica gets a new one. 31 bits, so every framework accepts it."""
+    state = np.random.SeedSequence([study_seed, point_index, replica_index]).generate_state(1, dtype=np.uint64)
+    return int(state[0]) & (2**31 - 1)
+
+
+def layout_trials(spec: StudySpec, start_index: int, count: int) -> list[TrialDraft]:
+    """Drafts for points `start_index … start_index+count-1`, each crossed with every arm (arm-major
+    within a point). A grid yields fewer drafts past its last point."""
+    if count <= 0:
+        return []
+    points = _unit_points(spec, start_index, count)
+    drafts = []
+    for offset, unit in enumerate(points):
+        index = start_index + offset
+        seed = trial_seed(spec.seed, index)
+        for arm in arms(spec):
+            drafts.append(TrialDraft(arm, resolve_params(spec, arm, unit), index, unit, seed))
+    return drafts
+
+
+def resolve_params(spec: StudySpec, arm: dict[str, Any], unit: list[float]) -> dict[str, Any]:
+    """Every hyperparameter for an arm at a unit point: scientific (the arm's values), sampled
+    ones, fixed ones; a conditional one only where its `when` holds. Every declaration of a name
+    maps the same unit value through its own range."""
+    position = {name: u for name, u in zip(dimensions(spec), unit, strict=True)}
+    params: dict[str, Any] = dict(arm)
+    for hp in spec.hyperparameters:
+        if hp.crossed or not hp.holds(arm):
+            continue
+        params[hp.name] = hp.value if hp.role == "fixed" else map_unit(hp, position[hp.name])
+    return params
+
+
+def map_unit(hp: Hyperparameter, u: float) -> Any:
+    """A unit value in [0, 1) to a value of the declaration, in the space of its scale."""
+    if hp.type in ("categorical", "discrete"):
+        values = hp.values or []
+        return values[min(int(math.floor(u * len(values))), len(values) - 1)]
+    low, high = float(hp.min or 0.0), float(hp.max or 0.0)
+    if hp.type == "int":
+        # Draw over [min - 0.5, max + 0.5] so the end values are as likely as the inner ones.
+        low, high = (low - 0.5, high + 0.5) if hp.scale == "linear" else (max(low - 0.5, low / 2), high + 0.5)
+        return int(min(max(round(_scaled(hp.scale, low, high, u)), hp.min or 0), hp.max or 0))
+    return _scaled(hp.scale, low, high, u)
+
+
+def _scaled(scale: str, low: float, high: float, u: float) -> float:
+    if scale == "log":
+        return math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
+    if scale == "reverse_log":
+        return 1.0 - math.exp(math.log(1.0 - high) + (1.0 - u) * (math.log(1.0 - low) - math.log(1.0 - high)))
+    return low + u * (high - low)
+
+
+def _unit_points(spec: StudySpec, start: int, count: int) -> list[list[float]]:
+    d = len(dimensions(spec))
+    if spec.algorithm == "grid":
+        return _grid_points(spec, start, count)
+    if d == 0:
+        return [[] for _ in range(count)]
+    if spec.algorithm == "random":
+        return [np.random.default_rng([spec.seed, start + i]).random(d).tolist() for i in range(count)]
+    sampler = qmc.Halton(d, scramble=True, seed=spec.seed)
+    if start:
+        sampler.fast_forward(start)
+    return [[float(u) for u in row] for row in sampler.random(count)]
+
+
+def grid_axes(spec: StudySpec) -> list[list[float]]:
+    """The unit values of each grid dimension. Categorical and discrete dimensions take all their
+    values (cell centres); continuous ones take `num_trials` evenly spaced values in the space of
+    their scale for one dimension, and ceil(sqrt(num_trials)) each for two."""
+    names = dimensions(spec)
+    per_axis = spec.num_trials if len(names) <= 1 else math.ceil(math.sqrt(spec.num_trials))
+    axes = []
+    for name in names:
+        hp = spec.declarations(name)[0]
+        k = len(hp.values or []) if hp.type in ("categorical", "discrete") else per_axis
+        if hp.type == "int":
+            k = min(k, int((hp.max or 0) - (hp.min or 0)) + 1)
+        axes.append(
+            [(i + 0.5) / k for i in range(k)]
+            if hp.type in ("categorical", "discrete", "int")
+            else ([0.5] if k == 1 else [i / (k - 1) for i in range(k)])
+        )
+    return axes
+
+
+def _grid_points(spec: StudySpec, start: int, count: int) -> list[list[float]]:
+    axes = grid_axes(spec)
+    total = math.prod(len(a) for a in axes) if axes else 1
+    points = []
+    for index in range(start, min(start + count, total)):
+        point, rest = [], index
+        for axis in reversed(axes):
+            rest, position = divmod(rest, len(axis))
+            point.append(axis[position])
+        points.append(list(reversed(point)))
+    return points
+
+
+def manual_drafts(spec: StudySpec, trials: list[dict[str, Any]]) -> list[TrialDraft]:
+    """Drafts for user-listed trials: each names values for the study's varied hyperparameters
+    (the arm comes from its scientific values; fixed ones are filled in). Params outside the
+    declared space are refused with the trial's index."""
+    errors: list[FieldError] = []
+    drafts = []
+    for index, trial in enumerate(trials):
+        params = dict(trial.get("params") or {})
+        path = f"trials[{index}].params"
+        arm = {hp.name: params.get(hp.name) for hp in spec.hyperparameters if hp.crossed}
+        found = list(_manual_errors(spec, arm, params, path))
+        errors += found
+        if found:
+            continue
+        resolved = {
+            **params,
+            **{hp.name: hp.value for hp in spec.hyperparameters if hp.role == "fixed" and hp.holds(arm)},
+        }
+        seed = trial.get("seed")
+        seed = trial_seed(spec.seed, 2**31 + index) if seed is None else int(seed)
+        drafts.append(TrialDraft(arm, resolved, None, None, seed))
+    if errors:
+        raise InvalidInput(errors)
+    return drafts
+
+
+def _manual_errors(spec: StudySpec, arm: dict[str, Any], params: dict[str, Any], path: str) -> Any:
+    if arm not in arms(spec):
+        yield FieldError(path, f"scientific values {arm} are not an arm of this study")
+        return
+    applicable = {hp.name: hp for hp in spec.hyperparameters if hp.varied and not hp.crossed and hp.holds(arm)}
+    fixed = {hp.name for hp in spec.hyperparameters if hp.role == "fixed"}
+    crossed = {hp.name for hp in spec.hyperparameters if hp.crossed}
+    for name, value in params.items():
+        if name in crossed:
+            continue
+        if name in fixed:
+            yield FieldError(f"{path}.{name}", "is fixed in this study")
+        elif name not in applicable:
+            yield FieldError(f"{path}.{name}", "is not a hyperparameter of this study for this arm")
+        else:
+            reason = _outside(applicable[name], value)
+            if reason:
+                yield FieldError(f"{path}.{name}", reason)
+    for name in applicable:
+        if name not in params:
+            yield FieldError(f"{path}.{name}", "is missing")
+
+
+def _outside(hp: Hyperparameter, value: Any) -> str | None:
+    if hp.type in ("categorical", "discrete"):
+        return None if value in (hp.values or []) else f"must be one of {hp.values}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "must be a finite number"
+    if hp.type == "int" and value != int(value):
+        return "must be a whole number"
+    if not (hp.min or 0) <= value <= (hp.max or 0):
+        return f"must be within [{hp.min}, {hp.max}]"
+    return None
+
+
+def design_warnings(spec: StudySpec) -> list[dict[str, Any]]:
+    """Design checks answered at creation, never refusing the study (playbook, "Choosing the
+    search spaces", "Batch size", and the Adam budget rule in the FAQ)."""
+    tuned = {hp.name for hp in spec.hyperparameters if hp.role == "nuisance"}
+    warnings: list[dict[str, Any]] = []
+    if spec.algorithm != "manual" and not tuned & set(OPTIMIZER_PARAMS):
+        warnings.append(
+            {
+                "kind": "optimizer_all_fixed",
+                "message": (
+                    "No optimizer hyperparameter is tuned: conclusions hold only for these fixed values. The "
+                    "playbook treats learning_rate (and momentum or Adam's betas) as nuisance hyperparameters "
+                    "to tune in every study."
+                ),
+            }
+        )
+    if "batch_size" in tuned:
+        warnings.append(
+            {
+                "kind": "batch_size_tuned",
+                "param": "batch_size",
+                "message": (
+                    "batch_size is tuned as a nuisance hyperparameter. The playbook says to choose it for training "
+                    "throughput, not validation performance: fix it and retune the optimizer hyperparameters instead."
+                ),
+            }
+        )
+    dims = max(len(_tuned_in_arm(spec, arm)) for arm in arms(spec))
+    needed = TRIALS_PER_DIMENSION * dims
+    if spec.algorithm in ("halton", "random") and spec.num_trials < needed:
+        warnings.append(
+            {
+                "kind": "too_few_trials",
+                "message": (
+                    f"{spec.num_trials} trials per arm for {dims} tuned dimensions: below about {needed} trials "
+                    "per arm quasi-random search leaves the best nuisance values to chance and the comparison "
+                    "between arms unfair; raise num_trials or tune fewer nuisance hyperparameters."
+                ),
+            }
+        )
+    warnings += _adam_warnings(spec, tuned)
+    warmup = spec.trainer.model_extra.get("warmup_steps") if spec.trainer.model_extra else None
+    if isinstance(warmup, (int, float)) and warmup > 0.05 * spec.trainer.max_train_steps:
+        warnings.append(
+            {
+                "kind": "long_warmup",
+                "param": "warmup_steps",
+                "message": (
+                    f"warmup_steps={warmup} is over 5% of max_train_steps={spec.trainer.max_train_steps}; the playbook "
+                    "suggests warmup of up to about 5% of training, longer warmup wastes steps."
+                ),
+            }
+        )
+    return warnings
+
+
+def _tuned_in_arm(spec: StudySpec, arm: dict[str, Any]) -> set[str]:
+    return {hp.name for hp in spec.hyperparameters if hp.varied and not hp.crossed and hp.holds(arm)}
+
+
+def _adam_warnings(spec: StudySpec, tuned: set[str]) -> list[dict[str, Any]]:
+    """The playbook's Adam rule: < 10 trials tune only the learning rate; 10-25 the learning
+    rate and beta1; 25+ also epsilon (FAQ, "How should Adam's hyperparameters be tuned?")."""
+    uses_adam = any("adam" in str(v).lower() for hp in spec.hyperparameters for v in (hp.values or [hp.value]))
+    if not uses_adam:
+        return []
+    budget = ADAM_BUDGET[0] if spec.num_trials < 10 else ADAM_BUDGET[1] if spec.num_trials < 25 else ADAM_BUDGET[2]
+    extra = sorted((tuned & {"beta1", "beta2", "epsilon"}) - set(budget))
+    if not extra:
+        return []
+    return [
+        {
+            "kind": "adam_budget",
+            "param": extra[0],
+            "message": (
+                f"Adam is tuned over {', '.join(extra)} with {spec.num_trials} trials per arm; with this budget the "
+                f"playbook tunes only {', '.join(budget)} and fixes the rest."
+            ),
+        }
+    ]

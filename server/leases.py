@@ -1,0 +1,226 @@
+"""The worker protocol's state machine: claim with a fencing lease, heartbeat, complete, fail,
+cancel, and the reaper that requeues trials whose lease expired.
+
+Safe with several server processes: every transition is one conditional UPDATE judged by the
+database (row locks on Postgres, one writer at a time on SQLite), never an in-process lock, and
+lease times come from the database clock."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import and_, case, delete, func, select, update
+from sqlalchemy.orm import Session
+
+from . import objective
+from .db import Database
+from .errors import Conflict, LeaseLost, NotFound
+from .models import FINISHED_STATUSES, Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus
+from .schemas import Claim, HeartbeatAnswer
+
+
+def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds: float) -> Claim | None:
+    """Leases the oldest pending trial of an active study whose footprint fits the offered
+    resources, with a new fencing `lease_id`; None when there is none. Two calls never get the
+    same trial. Points above the resume step are deleted, so the resumed history has no gap and
+    no duplicate."""
+    with db.transaction() as session:
+        _reap(session, db)
+        candidate = (
+            select(Trial.id)
+            .join(Study, Study.id == Trial.study_id)
+            .where(Trial.status == TrialStatus.pending, Study.status == StudyStatus.active)
+            .where(Study.cpus_needed <= cpus, Study.gpus_needed <= gpus)
+            .order_by(Trial.id)
+            .limit(1)
+        )
+        if not db.is_sqlite:
+            candidate = candidate.with_for_update(of=Trial, skip_locked=True)
+        lease_id = str(uuid.uuid4())
+        claimed = session.execute(
+            update(Trial)
+            .where(Trial.id == candidate.scalar_subquery())
+            .values(
+                status=TrialStatus.running,
+                lease_id=lease_id,
+                lease_expires_at=db.now_seconds() + lease_seconds,
+                attempt=Trial.attempt + 1,
+                worker_id=worker_id,
+                started_at=func.coalesce(Trial.started_at, func.now()),
+            )
+            .returning(Trial.id, Trial.lease_expires_at)
+            .execution_options(synchronize_session=False)
+        ).first()
+        if claimed is None:
+            return None
+        trial = session.get_one(Trial, claimed.id)
+        study = session.get_one(Study, trial.study_id)
+        resume = _resume_point(session, trial)
+        _truncate_history(session, trial, study, None if resume is None else resume.step)
+        return _claim_answer(trial, study, claimed.lease_expires_at, lease_seconds, resume)
+
+
+def heartbeat(db: Database, trial_id: int, lease_id: str, lease_seconds: float) -> HeartbeatAnswer:
+    """Extends the lease; `should_stop` when the study is no longer active or the trial was
+    cancelled. `LeaseLost` when the lease is not this worker's any more."""
+    with db.transaction() as session:
+        trial = _leased(session, trial_id, lease_id, allow=(TrialStatus.running, TrialStatus.cancelled))
+        study = session.get_one(Study, trial.study_id)
+        expires = session.scalar(
+            update(Trial)
+            .where(Trial.id == trial_id)
+            .values(lease_expires_at=db.now_seconds() + lease_seconds)
+            .returning(Trial.lease_expires_at)
+            .execution_options(synchronize_session=False)
+        )
+        stop = trial.status is TrialStatus.cancelled or study.status is not StudyStatus.active
+        return HeartbeatAnswer(lease_expires_at=float(expires or 0.0), should_stop=stop)
+
+
+def complete(db: Database, trial_id: int, lease_id: str) -> None:
+    with db.transaction() as session:
+        trial = _leased(session, trial_id, lease_id)
+        _finish(trial, TrialStatus.completed)
+        session.get_one(Study, trial.study_id).consecutive_errors = 0
+
+
+def fail(db: Database, trial_id: int, lease_id: str, kind: str, reason: str, step: int | None) -> str:
+    """Ends the attempt. `infeasible` and `config` are final; `error` is retried from scratch
+    until the study's `max_attempts`, then `failed`; `preempted` is requeued, resumable, and uses
+    no attempt. Answers the trial's new status."""
+    with db.transaction() as session:
+        trial = _leased(session, trial_id, lease_id)
+        study = session.get_one(Study, trial.study_id)
+        if kind == "preempted":  # a give-back, not a failure: nothing is recorded against the trial
+            _requeue(trial)
+            return trial.status.value
+        trial.fail_kind, trial.error, trial.error_step = kind, reason or None, step
+        if kind == "infeasible":
+            _finish(trial, TrialStatus.infeasible)
+            study.consecutive_errors = 0
+        else:
+            trial.failures += 1
+            if kind == "error" and trial.failures < study.max_attempts:
+                _requeue(trial)
+                trial.restart_after_attempt = trial.attempt
+            else:
+                _finish(trial, TrialStatus.failed)
+            _count_error(study)
+        return trial.status.value
+
+
+def cancel(db: Database, trial_id: int) -> None:
+    """A person stops a trial that has not finished; its lease stays so the worker's next
+    heartbeat answers `should_stop` instead of 409."""
+    with db.transaction() as session:
+        trial = session.get(Trial, trial_id, with_for_update=True)
+        if trial is None:
+            raise NotFound(f"trial {trial_id} not found")
+        if trial.status in FINISHED_STATUSES:
+            raise Conflict(f"trial {trial_id} is already {trial.status.value}")
+        trial.status = TrialStatus.cancelled
+        trial.finished_at = func.now()  # type: ignore[assignment]
+
+
+def reap_expired(db: Database) -> int:
+    """Requeues running trials whose lease expired (failing those past max_attempts); answers how
+    many. Safe to run from every server process at once."""
+    with db.transaction() as session:
+        return _reap(session, db)
+
+
+def _reap(session: Session, db: Database) -> int:
+    max_attempts = select(Study.max_attempts).where(Study.id == Trial.study_id).scalar_subquery()
+    exhausted = Trial.failures + 1 >= max_attempts
+    result = session.execute(
+        update(Trial)
+        .where(Trial.status == TrialStatus.running, Trial.lease_expires_at < db.now_seconds())
+        .values(
+            status=case((exhausted, TrialStatus.failed.value), else_=TrialStatus.pending.value),
+            failures=Trial.failures + 1,
+            lease_id=None,
+            lease_expires_at=None,
+            fail_kind=case((exhausted, "error"), else_=Trial.fail_kind),
+            error=case((exhausted, "lease expired: the worker stopped heartbeating"), else_=Trial.error),
+            finished_at=case((exhausted, func.now()), else_=None),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def _leased(
+    session: Session, trial_id: int, lease_id: str, allow: tuple[TrialStatus, ...] = (TrialStatus.running,)
+) -> Trial:
+    """The trial, locked, if `lease_id` is its current lease and its status allows the write."""
+    trial = session.get(Trial, trial_id, with_for_update=True)
+    if trial is None:
+        raise NotFound(f"trial {trial_id} not found")
+    if trial.lease_id != lease_id:
+        raise LeaseLost(f"lease {lease_id} is not the current lease of trial {trial_id}; stop this run")
+    if trial.status not in allow:
+        raise LeaseLost(f"trial {trial_id} is {trial.status.value}; stop this run")
+    return trial
+
+
+def _finish(trial: Trial, status: TrialStatus) -> None:
+    trial.status = status
+    trial.finished_at = func.now()  # type: ignore[assignment]
+
+
+def _requeue(trial: Trial) -> None:
+    trial.status = TrialStatus.pending
+    trial.lease_id = None
+    trial.lease_expires_at = None
+
+
+def _count_error(study: Study) -> None:
+    """After `max_failed_trials` errors in a row a study pauses itself instead of burning its
+    budget on a broken config."""
+    study.consecutive_errors += 1
+    if study.consecutive_errors >= study.max_failed_trials and study.status is StudyStatus.active:
+        study.status = StudyStatus.paused
+
+
+def _resume_point(session: Session, trial: Trial) -> Checkpoint | None:
+    """The newest checkpoint of an earlier attempt that may be resumed (none after an `error`)."""
+    return session.scalar(
+        select(Checkpoint)
+        .where(Checkpoint.trial_id == trial.id)
+        .where(and_(Checkpoint.attempt > trial.restart_after_attempt, Checkpoint.attempt < trial.attempt))
+        .order_by(Checkpoint.step.desc(), Checkpoint.attempt.desc())
+        .limit(1)
+    )
+
+
+def _truncate_history(session: Session, trial: Trial, study: Study, resume_step: int | None) -> None:
+    points = delete(MetricPoint).where(MetricPoint.trial_id == trial.id)
+    if resume_step is not None:
+        points = points.where(MetricPoint.step > resume_step)
+    session.execute(points)
+    objective.refresh(session, trial.id, study.objective_metric, study.objective_mode)
+
+
+def _claim_answer(trial: Trial, study: Study, expires: float, lease_seconds: float, resume: Checkpoint | None) -> Claim:
+    spec: dict[str, Any] = study.spec
+    config = {
+        "params": trial.params,
+        "trainer": spec.get("trainer", {}),
+        "seed": trial.seed,
+        "objective": spec.get("objective", {"metric": study.objective_metric, "mode": study.objective_mode}),
+        "resources": spec.get("resources", {}),
+    }
+    return Claim(
+        trial_id=trial.id,
+        study_id=study.id,
+        number=trial.number,
+        lease_id=trial.lease_id or "",
+        lease_expires_at=expires,
+        lease_seconds=lease_seconds,
+        attempt=trial.attempt,
+        arm=trial.arm,
+        config=config,
+        resume_from=None if resume is None else {"step": resume.step, "uri": resume.uri, "attempt": resume.attempt},
+        artifact_path=f"trials/{trial.id}/attempt-{trial.attempt}",
+    )

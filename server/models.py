@@ -1,0 +1,165 @@
+"""Storage rows (SQLAlchemy 2 typed models). Alembic migrations in `migrations/` create them; a
+test compares the two, so they never drift."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Double,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# A fixed naming convention so Alembic's batch mode on SQLite can find and alter constraints.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JsonDocument = JSON().with_variant(JSONB(), "postgresql")
+
+
+class StudyStatus(str, enum.Enum):
+    active = "active"
+    paused = "paused"
+    archived = "archived"
+
+
+class TrialStatus(str, enum.Enum):
+    pending = "pending"
+    running = "running"
+    completed = "completed"
+    infeasible = "infeasible"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+FINISHED_STATUSES = (TrialStatus.completed, TrialStatus.infeasible, TrialStatus.failed, TrialStatus.cancelled)
+
+
+class NonFinite(enum.IntEnum):
+    """How a metric value that is not a finite number is kept (SQLite stores NaN as NULL)."""
+
+    finite = 0
+    nan = 1
+    pos_inf = 2
+    neg_inf = 3
+
+
+def _enum(cls: type[enum.Enum]) -> Enum:
+    return Enum(cls, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Study(Base):
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    goal: Mapped[str] = mapped_column(Text, default="")
+    status: Mapped[StudyStatus] = mapped_column(_enum(StudyStatus), default=StudyStatus.active)
+    algorithm: Mapped[str] = mapped_column(String(16))
+    seed: Mapped[int] = mapped_column(BigInteger)
+    num_trials: Mapped[int] = mapped_column(Integer)
+    # The quasi-random designer's position: advanced in the transaction that inserts the trials.
+    next_point_index: Mapped[int] = mapped_column(Integer, default=0)
+    spec: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    objective_metric: Mapped[str] = mapped_column(String(200))
+    objective_mode: Mapped[str] = mapped_column(String(3))
+    # One trial's whole footprint (workers x per-worker), compared with what a claim offers.
+    cpus_needed: Mapped[float] = mapped_column(Double)
+    gpus_needed: Mapped[float] = mapped_column(Double)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    max_failed_trials: Mapped[int] = mapped_column(Integer)
+    consecutive_errors: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (
+        UniqueConstraint("study_id", "number"),
+        Index("ix_trials_status_id", "status", "id"),
+        Index("ix_trials_lease_expires_at", "lease_expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    arm: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    params: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    point_index: Mapped[int | None] = mapped_column(Integer)
+    unit_point: Mapped[list[float] | None] = mapped_column(JsonDocument)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    replica_of: Mapped[int | None] = mapped_column(ForeignKey("trials.id", ondelete="SET NULL"))
+    replica_index: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[TrialStatus] = mapped_column(_enum(TrialStatus), default=TrialStatus.pending)
+    # attempt counts claims (it names the attempt's artifact folder); failures counts the attempts
+    # used up by expiry or error, compared with the study's max_attempts. Preemption uses none.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    # Checkpoints of attempts up to this one are not resumed from: an `error` restarts from scratch.
+    restart_after_attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lease_id: Mapped[str | None] = mapped_column(String(36))
+    # Seconds since the epoch on the database's clock (see db.now_seconds), so every server
+    # process and worker agrees on expiry whatever their own clocks say.
+    lease_expires_at: Mapped[float | None] = mapped_column(Double)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    objective_value: Mapped[float | None] = mapped_column(Double)
+    best_step: Mapped[int | None] = mapped_column(Integer)
+    fail_kind: Mapped[str | None] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    error_step: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class MetricPoint(Base):
+    __tablename__ = "metric_points"
+
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # NULL when not finite; `nonfinite` then says which (NonFinite).
+    value: Mapped[float | None] = mapped_column(Double)
+    nonfinite: Mapped[int] = mapped_column(SmallInteger, default=0)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("trial_id", "attempt", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    uri: Mapped[str] = mapped_column(Text)
+    objective: Mapped[float | None] = mapped_column(Double)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

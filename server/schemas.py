@@ -1,0 +1,194 @@
+"""Request and response shapes of the HTTP API, named by purpose (`StudyPublic`, `ClaimRequest`).
+They are also the frozen value types the service functions return, separate from storage rows."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .values import parse_number, to_json
+
+TrialStatusName = Literal["pending", "running", "completed", "infeasible", "failed", "cancelled"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Public(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Page(_Public):
+    items: list[Any]
+    total: int
+
+
+class Warning(_Public):
+    kind: str
+    message: str
+    param: str | None = None
+    side: str | None = None
+    trial_id: int | None = None
+
+
+class TrialCounts(_Public):
+    pending: int = 0
+    running: int = 0
+    completed: int = 0
+    infeasible: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
+class StudyPublic(_Public):
+    id: int
+    name: str
+    description: str
+    goal: str
+    status: Literal["active", "paused", "archived", "completed"]
+    algorithm: str
+    seed: int
+    num_trials: int
+    objective: dict[str, str]
+    spec: dict[str, Any]
+    trial_counts: TrialCounts
+    best_trial_id: int | None
+    best_value: float | None
+    created_at: str
+
+
+class StudyCreated(StudyPublic):
+    warnings: list[Warning]
+
+
+class StudyPatch(_Request):
+    status: Literal["active", "paused", "archived"] | None = None
+    num_trials: int | None = Field(default=None, ge=1)
+
+
+class ManualTrialIn(_Request):
+    params: dict[str, Any]
+    seed: int | None = Field(default=None, ge=0, lt=2**31)
+
+
+class ManualTrialsIn(_Request):
+    trials: list[ManualTrialIn] = Field(min_length=1, max_length=10_000)
+
+
+class TrialPublic(_Public):
+    id: int
+    study_id: int
+    number: int
+    arm: dict[str, Any]
+    status: TrialStatusName
+    params: dict[str, Any]
+    seed: int
+    point_index: int | None
+    replica_of: int | None
+    attempt: int
+    objective_value: float | None
+    best_step: int | None
+    fail_kind: str | None
+    error: str | None
+    error_step: int | None
+    worker_id: str | None
+
+
+class ClaimResources(_Request):
+    """What the worker can place for one trial now."""
+
+    cpus: float = Field(default=1.0, ge=0)
+    gpus: float = Field(default=0.0, ge=0)
+
+
+class ClaimRequest(_Request):
+    worker_id: str = Field(min_length=1, max_length=200)
+    resources: ClaimResources = Field(default_factory=ClaimResources)
+
+
+class Claim(_Public):
+    trial_id: int
+    study_id: int
+    number: int
+    lease_id: str
+    lease_expires_at: float
+    lease_seconds: float
+    attempt: int
+    arm: dict[str, Any]
+    config: dict[str, Any]
+    resume_from: dict[str, Any] | None
+    artifact_path: str
+
+
+class LeaseRequest(_Request):
+    lease_id: str = Field(min_length=1, max_length=36)
+
+
+class HeartbeatAnswer(_Public):
+    lease_expires_at: float
+    should_stop: bool
+
+
+class MetricPointIn(_Request):
+    step: int = Field(ge=0, lt=2**31)
+    name: str = Field(min_length=1, max_length=200)
+    value: float
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _number_or_special(cls, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError('must be a number or one of "NaN", "Infinity", "-Infinity"')
+        return parse_number(value)
+
+
+class MetricsIn(LeaseRequest):
+    points: list[MetricPointIn] = Field(max_length=100_000)
+
+
+class MetricsAccepted(_Public):
+    accepted: int
+    objective_value: float | None
+    best_step: int | None
+
+
+class MetricPointPublic(_Public):
+    step: int
+    name: str
+    value: float | str
+
+    @classmethod
+    def of(cls, step: int, name: str, value: float) -> MetricPointPublic:
+        return cls(step=step, name=name, value=to_json(value))  # type: ignore[arg-type]
+
+
+class CheckpointIn(LeaseRequest):
+    step: int = Field(ge=0, lt=2**31)
+    uri: str = Field(min_length=1, max_length=4000)
+    objective: float | None = None
+
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _number_or_special(cls, value: Any) -> float | None:
+        return None if value is None else parse_number(value)
+
+
+class CheckpointPublic(_Public):
+    id: int
+    trial_id: int
+    attempt: int
+    step: int
+    uri: str
+    objective: float | str | None
+
+
+class FailRequest(LeaseRequest):
+    kind: Literal["infeasible", "error", "preempted", "config"]
+    reason: str = Field(default="", max_length=20_000)
+    step: int | None = Field(default=None, ge=0)
+
+
+class ReplicasRequest(_Request):
+    count: int = Field(ge=1, le=100)

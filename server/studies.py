@@ -1,0 +1,229 @@
+"""Studies: creation (validation and trial layout in one transaction), reading, pausing, growing.
+
+Every public function takes the `Database` and plain values, returns schema value types, and
+raises the service's errors (`InvalidInput`, `NotFound`, `AlreadyExists`, `Conflict`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Select, func, insert, select
+from sqlalchemy.orm import Session
+
+from . import layout
+from .db import Database
+from .errors import AlreadyExists, InvalidInput, NotFound
+from .models import Study, StudyStatus, Trial, TrialStatus
+from .schemas import ManualTrialIn, Page, StudyCreated, StudyPatch, StudyPublic, TrialCounts, Warning
+from .spec import StudySpec, parse_spec
+
+MAX_TRIALS_PER_STUDY = 100_000
+
+
+def create_study(db: Database, raw_spec: object) -> StudyCreated:
+    """Validates the spec, stores the study and lays out its trials in one transaction, and
+    answers with the design checks as warnings (they never refuse the study)."""
+    spec = parse_spec(raw_spec)
+    drafts = _initial_drafts(spec)
+    with db.transaction() as session:
+        _ensure_name_free(session, spec.name)
+        study = _new_study_row(spec)
+        session.add(study)
+        session.flush()
+        _insert_trials(session, study, drafts, first_number=0)
+        study.next_point_index = _next_point_index(drafts, 0)
+        study_id = study.id
+    warnings = [Warning(**w) for w in layout.design_warnings(spec)]
+    return StudyCreated(**get_study(db, study_id).model_dump(), warnings=warnings)
+
+
+def get_study(db: Database, study_id: int) -> StudyPublic:
+    with db.transaction() as session:
+        study = _study_or_404(session, study_id)
+        return _public(session, study)
+
+
+def list_studies(db: Database, *, status: str | None = None, limit: int = 100, offset: int = 0) -> Page:
+    with db.transaction() as session:
+        query: Select[Any] = select(Study)
+        if status is not None and status != "completed":
+            query = query.where(Study.status == StudyStatus(status))
+        studies = session.scalars(query.order_by(Study.id.desc())).all()
+        views = [_public(session, s) for s in studies]
+    if status is not None:
+        views = [v for v in views if v.status == status]
+    return Page(items=views[offset : offset + limit], total=len(views))
+
+
+def patch_study(db: Database, study_id: int, patch: StudyPatch) -> StudyPublic:
+    """Pauses, resumes or archives a study, and raises `num_trials` by continuing the
+    quasi-random sequence: trials already laid out never change."""
+    with db.transaction() as session:
+        study = _study_or_404(session, study_id, lock=True)
+        if patch.num_trials is not None and patch.num_trials != study.num_trials:
+            _grow(session, study, patch.num_trials)
+        if patch.status is not None:
+            study.status = StudyStatus(patch.status)
+            if study.status is StudyStatus.active:
+                study.consecutive_errors = 0
+    return get_study(db, study_id)
+
+
+def add_manual_trials(db: Database, study_id: int, trials: Sequence[ManualTrialIn]) -> list[int]:
+    """Adds user-listed trials to any study; their params are checked against the study's space."""
+    with db.transaction() as session:
+        study = _study_or_404(session, study_id, lock=True)
+        spec = parse_spec(study.spec)
+        raw = [t.model_dump(exclude_none=True) for t in trials]
+        drafts = layout.manual_drafts(spec, raw)
+        first = _next_number(session, study.id)
+        return _insert_trials(session, study, drafts, first_number=first)
+
+
+def study_spec(db: Database, study_id: int) -> StudySpec:
+    with db.transaction() as session:
+        return parse_spec(_study_or_404(session, study_id).spec)
+
+
+def _initial_drafts(spec: StudySpec) -> list[layout.TrialDraft]:
+    if spec.algorithm == "manual":
+        return layout.manual_drafts(spec, [t.model_dump(exclude_none=True) for t in spec.trials or []])
+    return layout.layout_trials(spec, 0, spec.num_trials)
+
+
+def _grow(session: Session, study: Study, num_trials: int) -> None:
+    if num_trials < study.num_trials:
+        raise InvalidInput.one("num_trials", f"can only grow (it is {study.num_trials}); cancel trials instead")
+    if study.algorithm not in ("halton", "random"):
+        raise InvalidInput.one(
+            "num_trials", f"cannot grow a {study.algorithm} study; add trials with POST .../trials instead"
+        )
+    spec = parse_spec(study.spec)
+    n_arms = len(layout.arms(spec))
+    if num_trials * n_arms > MAX_TRIALS_PER_STUDY:
+        raise InvalidInput.one("num_trials", f"{num_trials} x {n_arms} arms exceeds {MAX_TRIALS_PER_STUDY} trials")
+    drafts = layout.layout_trials(spec, study.next_point_index, num_trials - study.num_trials)
+    _insert_trials(session, study, drafts, first_number=_next_number(session, study.id))
+    study.next_point_index = _next_point_index(drafts, study.next_point_index)
+    study.num_trials = num_trials
+    study.spec = {**study.spec, "num_trials": num_trials}
+
+
+def _insert_trials(
+    session: Session, study: Study, drafts: Iterable[layout.TrialDraft], *, first_number: int
+) -> list[int]:
+    rows = [
+        {
+            "study_id": study.id,
+            "number": first_number + i,
+            "arm": d.arm,
+            "params": d.params,
+            "point_index": d.point_index,
+            "unit_point": d.unit_point,
+            "seed": d.seed,
+            "replica_index": d.replica_index,
+            "status": TrialStatus.pending,
+            "attempt": 0,
+            "failures": 0,
+            "restart_after_attempt": 0,
+        }
+        for i, d in enumerate(drafts)
+    ]
+    if not rows:
+        return []
+    return list(session.scalars(insert(Trial).returning(Trial.id, sort_by_parameter_order=True), rows))
+
+
+def _next_point_index(drafts: Sequence[layout.TrialDraft], current: int) -> int:
+    indexes = [d.point_index for d in drafts if d.point_index is not None]
+    return max(indexes) + 1 if indexes else current
+
+
+def _next_number(session: Session, study_id: int) -> int:
+    last = session.scalar(select(func.max(Trial.number)).where(Trial.study_id == study_id))
+    return 0 if last is None else last + 1
+
+
+def _new_study_row(spec: StudySpec) -> Study:
+    resources = spec.resources
+    return Study(
+        name=spec.name,
+        description=spec.description,
+        goal=spec.goal,
+        status=StudyStatus.active,
+        algorithm=spec.algorithm,
+        seed=spec.seed,
+        num_trials=spec.num_trials,
+        next_point_index=0,
+        spec=spec.model_dump(mode="json"),
+        objective_metric=spec.objective.metric,
+        objective_mode=spec.objective.mode,
+        cpus_needed=resources.workers * resources.cpus_per_worker,
+        gpus_needed=resources.workers * resources.gpus_per_worker,
+        max_attempts=spec.max_attempts,
+        max_failed_trials=spec.max_failed_trials,
+        consecutive_errors=0,
+    )
+
+
+def _study_or_404(session: Session, study_id: int, *, lock: bool = False) -> Study:
+    query = select(Study).where(Study.id == study_id)
+    if lock:
+        query = query.with_for_update()
+    study = session.scalar(query)
+    if study is None:
+        raise NotFound(f"study {study_id} not found")
+    return study
+
+
+def _ensure_name_free(session: Session, name: str) -> None:
+    if session.scalar(select(Study.id).where(Study.name == name)) is not None:
+        raise AlreadyExists(f"a study named {name!r} already exists")
+
+
+def _public(session: Session, study: Study) -> StudyPublic:
+    counts = dict(
+        session.execute(
+            select(Trial.status, func.count()).where(Trial.study_id == study.id).group_by(Trial.status)
+        ).all()
+    )
+    trial_counts = TrialCounts(**{status.value: n for status, n in counts.items()})
+    best = _best_trial(session, study)
+    return StudyPublic(
+        id=study.id,
+        name=study.name,
+        description=study.description,
+        goal=study.goal,
+        status=_effective_status(study, trial_counts),
+        algorithm=study.algorithm,
+        seed=study.seed,
+        num_trials=study.num_trials,
+        objective={"metric": study.objective_metric, "mode": study.objective_mode},
+        spec=study.spec,
+        trial_counts=trial_counts,
+        best_trial_id=best[0] if best else None,
+        best_value=best[1] if best else None,
+        created_at=study.created_at.isoformat(),
+    )
+
+
+def _best_trial(session: Session, study: Study) -> tuple[int, float] | None:
+    order = Trial.objective_value.asc() if study.objective_mode == "min" else Trial.objective_value.desc()
+    row = session.execute(
+        select(Trial.id, Trial.objective_value)
+        .where(Trial.study_id == study.id, Trial.objective_value.is_not(None))
+        .where(Trial.status.in_([TrialStatus.completed, TrialStatus.running]))
+        .order_by(order, Trial.id)
+        .limit(1)
+    ).first()
+    return (row[0], row[1]) if row and row[1] is not None else None
+
+
+def _effective_status(study: Study, counts: TrialCounts) -> Any:
+    """A study whose trials have all finished reads `completed`; stored status is unchanged."""
+    unfinished = counts.pending + counts.running
+    total = unfinished + counts.completed + counts.infeasible + counts.failed + counts.cancelled
+    if study.status is StudyStatus.active and total > 0 and unfinished == 0:
+        return "completed"
+    return study.status.value

@@ -1,0 +1,148 @@
+"""Reading trials, their metrics and checkpoints, and adding replicas of a trial."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from . import layout
+from .db import Database
+from .errors import NotFound
+from .models import Checkpoint, MetricPoint, Study, Trial, TrialStatus
+from .schemas import CheckpointPublic, MetricPointPublic, Page, TrialPublic
+from .values import from_storage, to_json
+
+TrialOrder = Literal["number", "objective", "-number"]
+
+
+def get_trial(db: Database, trial_id: int) -> TrialPublic:
+    with db.transaction() as session:
+        return trial_public(_trial_or_404(session, trial_id))
+
+
+def list_trials(
+    db: Database,
+    study_id: int,
+    *,
+    status: str | None = None,
+    order_by: TrialOrder = "number",
+    limit: int = 100,
+    offset: int = 0,
+) -> Page:
+    """A page of a study's trials. `objective` orders best first in the study's mode, trials
+    without an objective last."""
+    with db.transaction() as session:
+        study = session.get(Study, study_id)
+        if study is None:
+            raise NotFound(f"study {study_id} not found")
+        query = select(Trial).where(Trial.study_id == study_id)
+        if status is not None:
+            query = query.where(Trial.status == TrialStatus(status))
+        total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+        query = query.order_by(*_ordering(study, order_by)).limit(limit).offset(offset)
+        return Page(items=[trial_public(t) for t in session.scalars(query)], total=total)
+
+
+def list_metrics(db: Database, trial_id: int, *, name: str | None = None, limit: int = 10_000, offset: int = 0) -> Page:
+    with db.transaction() as session:
+        _trial_or_404(session, trial_id)
+        query = select(MetricPoint).where(MetricPoint.trial_id == trial_id)
+        if name is not None:
+            query = query.where(MetricPoint.name == name)
+        total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+        rows = session.scalars(query.order_by(MetricPoint.name, MetricPoint.step).limit(limit).offset(offset))
+        items = [MetricPointPublic.of(p.step, p.name, from_storage(p.value, p.nonfinite)) for p in rows]
+        return Page(items=items, total=total)
+
+
+def list_checkpoints(db: Database, trial_id: int) -> list[CheckpointPublic]:
+    """The trial's checkpoint records, best objective first (the retrospective selection)."""
+    with db.transaction() as session:
+        trial = _trial_or_404(session, trial_id)
+        study = session.get_one(Study, trial.study_id)
+        order = Checkpoint.objective.asc() if study.objective_mode == "min" else Checkpoint.objective.desc()
+        rows = session.scalars(
+            select(Checkpoint).where(Checkpoint.trial_id == trial_id).order_by(order.nulls_last(), Checkpoint.step)
+        )
+        return [
+            CheckpointPublic(
+                id=c.id, trial_id=c.trial_id, attempt=c.attempt, step=c.step, uri=c.uri, objective=to_json(c.objective)
+            )
+            for c in rows
+        ]
+
+
+def create_replicas(db: Database, trial_id: int, count: int) -> list[int]:
+    """Reruns a trial's params with new seeds so trial variance can be measured (playbook:
+    "Identifying bad runs ... retrain variance"). Replicas record `replica_of`."""
+    with db.transaction() as session:
+        original = _trial_or_404(session, trial_id)
+        source_id = original.replica_of or original.id
+        study = session.get_one(Study, original.study_id, with_for_update=True)
+        existing = (
+            session.scalar(
+                select(func.max(Trial.replica_index)).where((Trial.id == source_id) | (Trial.replica_of == source_id))
+            )
+            or 0
+        )
+        last_number = session.scalar(select(func.max(Trial.number)).where(Trial.study_id == study.id)) or 0
+        rows: list[dict[str, Any]] = []
+        for i in range(1, count + 1):
+            replica_index = existing + i
+            rows.append(
+                {
+                    "study_id": study.id,
+                    "number": last_number + i,
+                    "arm": original.arm,
+                    "params": original.params,
+                    "point_index": original.point_index,
+                    "unit_point": original.unit_point,
+                    "seed": layout.trial_seed(study.seed, original.point_index or original.number, replica_index),
+                    "replica_of": source_id,
+                    "replica_index": replica_index,
+                    "status": TrialStatus.pending,
+                    "attempt": 0,
+                    "failures": 0,
+                    "restart_after_attempt": 0,
+                }
+            )
+        return list(session.scalars(insert(Trial).returning(Trial.id, sort_by_parameter_order=True), rows))
+
+
+def trial_public(trial: Trial) -> TrialPublic:
+    return TrialPublic(
+        id=trial.id,
+        study_id=trial.study_id,
+        number=trial.number,
+        arm=trial.arm,
+        status=trial.status.value,
+        params=trial.params,
+        seed=trial.seed,
+        point_index=trial.point_index,
+        replica_of=trial.replica_of,
+        attempt=trial.attempt,
+        objective_value=trial.objective_value,
+        best_step=trial.best_step,
+        fail_kind=trial.fail_kind,
+        error=trial.error,
+        error_step=trial.error_step,
+        worker_id=trial.worker_id,
+    )
+
+
+def _ordering(study: Study, order_by: TrialOrder) -> list[Any]:
+    if order_by == "objective":
+        value = Trial.objective_value.asc() if study.objective_mode == "min" else Trial.objective_value.desc()
+        return [value.nulls_last(), Trial.number]
+    if order_by == "-number":
+        return [Trial.number.desc()]
+    return [Trial.number]
+
+
+def _trial_or_404(session: Session, trial_id: int) -> Trial:
+    trial = session.get(Trial, trial_id)
+    if trial is None:
+        raise NotFound(f"trial {trial_id} not found")
+    return trial

@@ -1,0 +1,48 @@
+"""Non-finite numbers as data: JSON has no NaN or infinity, so they travel as the strings
+"NaN", "Infinity" and "-Infinity", and are stored as NULL plus a `NonFinite` flag."""
+
+from __future__ import annotations
+
+import math
+
+from .models import NonFinite
+
+_FROM_STRING = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def parse_number(value: float | str) -> float:
+    """A float from a JSON number or one of the three strings; anything else is a ValueError."""
+    if isinstance(value, str):
+        try:
+            return _FROM_STRING[value]
+        except KeyError:
+            raise ValueError('must be a number or one of "NaN", "Infinity", "-Infinity"') from None
+    return float(value)
+
+
+def to_storage(value: float) -> tuple[float | None, int]:
+    """(value column, nonfinite column) for a float."""
+    if math.isnan(value):
+        return None, NonFinite.nan
+    if math.isinf(value):
+        return None, NonFinite.pos_inf if value > 0 else NonFinite.neg_inf
+    return value, NonFinite.finite
+
+
+def from_storage(value: float | None, nonfinite: int) -> float:
+    if nonfinite == NonFinite.nan:
+        return math.nan
+    if nonfinite == NonFinite.pos_inf:
+        return math.inf
+    if nonfinite == NonFinite.neg_inf:
+        return -math.inf
+    return math.nan if value is None else value
+
+
+def to_json(value: float | None) -> float | str | None:
+    """A float for a JSON response: finite numbers as numbers, the rest as strings."""
+    if value is None or math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"

@@ -1,0 +1,71 @@
+"""Synthetic training curves and responses with planted answers, shared by the unit tests and the
+end-to-end tests that feed them through the worker protocol."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hpo.server.analysis.model import Curve
+
+HORIZON = 2000
+EVAL_STEPS = np.arange(100, HORIZON + 1, 100)  # 20 evaluations
+TRAIN_STEPS = np.arange(50, HORIZON + 1, 50)  # 40 training logs
+
+
+def clean(seed: int, level: float = 0.1, noise: float = 0.004) -> tuple[Curve, Curve]:
+    """Validation error and training loss that converge by mid-training and stay flat."""
+    rng = np.random.default_rng(seed)
+    tau = HORIZON / 10
+    valid = level + 0.8 * np.exp(-EVAL_STEPS / tau) + noise * rng.normal(size=EVAL_STEPS.size)
+    train = 0.05 + 2.0 * np.exp(-TRAIN_STEPS / tau) * (1 + 0.03 * rng.normal(size=TRAIN_STEPS.size))
+    return Curve(EVAL_STEPS, valid), Curve(TRAIN_STEPS, train)
+
+
+def overfitting(seed: int, level: float = 0.1) -> tuple[Curve, Curve]:
+    """Validation error best near step 800, then rising by 0.15 while the training loss falls."""
+    valid, _ = clean(seed, level)
+    rise = 0.15 * np.clip((EVAL_STEPS - 800) / 1200, 0, None) ** 1.2
+    rng = np.random.default_rng(seed + 1)
+    train = 0.01 + 2.0 * np.exp(-TRAIN_STEPS / (HORIZON / 8)) * (1 + 0.03 * rng.normal(size=TRAIN_STEPS.size))
+    return Curve(EVAL_STEPS, valid.values + rise), Curve(TRAIN_STEPS, train)
+
+
+def still_improving(seed: int) -> tuple[Curve, Curve]:
+    rng = np.random.default_rng(seed)
+    tau = HORIZON / 2.5
+    valid = 0.1 + 0.8 * np.exp(-EVAL_STEPS / tau) + 0.002 * rng.normal(size=EVAL_STEPS.size)
+    train = 0.05 + 2.0 * np.exp(-TRAIN_STEPS / tau)
+    return Curve(EVAL_STEPS, valid), Curve(TRAIN_STEPS, train)
+
+
+def noisy_late(seed: int) -> tuple[Curve, Curve]:
+    valid, train = clean(seed)
+    rng = np.random.default_rng(seed + 2)
+    jitter = np.where(EVAL_STEPS > HORIZON / 2, 0.06 * rng.normal(size=EVAL_STEPS.size), 0.0)
+    return Curve(EVAL_STEPS, valid.values + jitter), train
+
+
+def saturated_early(seed: int) -> tuple[Curve, Curve]:
+    rng = np.random.default_rng(seed)
+    steps = np.arange(20, HORIZON + 1, 20)
+    tau = HORIZON / 60
+    valid = 0.1 + 0.8 * np.exp(-steps / tau) + 0.002 * rng.normal(size=steps.size)
+    train = 0.05 + 2.0 * np.exp(-steps / tau)
+    return Curve(steps, valid), Curve(steps, train)
+
+
+def training_loss_rising(seed: int) -> tuple[Curve, Curve]:
+    valid, train = clean(seed)
+    rise = 0.8 * np.clip((TRAIN_STEPS - 1200) / 800, 0, None)
+    return valid, Curve(TRAIN_STEPS, train.values + rise)
+
+
+def response(log_lr: float, optimum: float, scale: float = 0.15) -> float:
+    """A validation error with a quadratic valley in log10(learning rate) around `optimum`."""
+    return 0.1 + scale * (log_lr - optimum) ** 2
+
+
+def lr_of(unit: float, lo: float, hi: float) -> float:
+    return math.exp(math.log(lo) + unit * (math.log(hi) - math.log(lo)))

@@ -1,0 +1,152 @@
+"""Shared fixtures: one suite runs on SQLite and on the real Postgres, each test on a clean
+database; HTTP tests talk to a real uvicorn server on a free port.
+
+Postgres is at HPO_TEST_POSTGRES_URL (default postgresql+psycopg://postgres@127.0.0.1:5432). On a
+laptop without it the Postgres half skips; with HPO_REQUIRE_POSTGRES=1 (set by .ci/run) it fails."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from sqlalchemy import create_engine, text
+
+from hpo.server.app import create_app
+from hpo.server.db import Database
+from hpo.settings import Settings
+
+POSTGRES_URL = os.environ.get("HPO_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
+REQUIRE_POSTGRES = os.environ.get("HPO_REQUIRE_POSTGRES") == "1"
+
+
+def _admin_engine():  # type: ignore[no-untyped-def]
+    return create_engine(f"{POSTGRES_URL}/postgres", isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+
+
+def _postgres_available() -> str | None:
+    try:
+        with _admin_engine().connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return None
+    except Exception as exc:  # any failure to connect means "no Postgres here"
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.fixture(scope="session")
+def postgres_template() -> Iterator[str]:
+    """A migrated template database; each test clones it (much faster than migrating)."""
+    problem = _postgres_available()
+    if problem is not None:
+        message = f"Postgres not reachable at {POSTGRES_URL}: {problem}"
+        if REQUIRE_POSTGRES:
+            pytest.fail(message + " (HPO_REQUIRE_POSTGRES=1: a Postgres skip is a failure)")
+        pytest.skip(message)
+    name = f"hpo_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = _admin_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    db = Database(f"{POSTGRES_URL}/{name}")
+    db.upgrade()
+    db.dispose()
+    yield name
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _clone_postgres(template: str) -> tuple[str, str]:
+    name = f"hpo_test_{uuid.uuid4().hex[:12]}"
+    admin = _admin_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    admin.dispose()
+    return name, f"{POSTGRES_URL}/{name}"
+
+
+def _drop_postgres(name: str) -> None:
+    admin = _admin_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A clean database URL, once for SQLite and once for Postgres."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'hpo.db'}"
+        return
+    name, url = _clone_postgres(request.getfixturevalue("postgres_template"))
+    yield url
+    _drop_postgres(name)
+
+
+@pytest.fixture
+def postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A clean Postgres database only (for tests that need row locks or real concurrency)."""
+    name, url = _clone_postgres(request.getfixturevalue("postgres_template"))
+    yield url
+    _drop_postgres(name)
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    database = Database(database_url)
+    database.upgrade()
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    return Settings(database_url=database_url, artifact_root=tmp_path / "artifacts", lease_seconds=60)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LiveServer:
+    """The real app under uvicorn in a thread, on a free port."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def live_server(settings: Settings) -> Iterator[LiveServer]:
+    with LiveServer(settings) as server:
+        yield server
+
+
+@pytest.fixture
+def client(live_server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        yield http

@@ -1,0 +1,133 @@
+"""Study creation and the read side over real HTTP, on SQLite and Postgres."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.server.factories import study_spec
+
+API = "/api/v1"
+
+
+def _all_trials(client: httpx.Client, study_id: int) -> list[dict]:
+    return client.get(f"{API}/studies/{study_id}/trials", params={"limit": 10_000}).json()["items"]
+
+
+def test_design_example_creates_crossed_paired_trials(client: httpx.Client) -> None:
+    response = client.post(f"{API}/studies", json=study_spec())
+    assert response.status_code == 201, response.text
+    study = response.json()
+    assert study["status"] == "active" and study["trial_counts"]["pending"] == 2 * study["num_trials"]
+    assert isinstance(study["warnings"], list)
+    trials = _all_trials(client, study["id"])
+    by_arm: dict[str, list[dict]] = {}
+    for trial in trials:
+        by_arm.setdefault(trial["arm"]["optimizer"], []).append(trial)
+    assert set(by_arm) == {"nesterov", "adam"}
+    for nesterov, adam in zip(by_arm["nesterov"], by_arm["adam"], strict=True):
+        assert nesterov["point_index"] == adam["point_index"] and nesterov["seed"] == adam["seed"]
+        assert "momentum" in nesterov["params"] and "momentum" not in adam["params"]
+        assert "beta1" in adam["params"] and "beta1" not in nesterov["params"]
+        assert 1e-3 <= nesterov["params"]["learning_rate"] <= 3.0
+        assert 1e-5 <= adam["params"]["learning_rate"] <= 1e-1
+        assert nesterov["params"]["batch_size"] == adam["params"]["batch_size"] == 128
+
+
+def test_same_spec_and_seed_give_the_same_trials(client: httpx.Client) -> None:
+    a = client.post(f"{API}/studies", json=study_spec(name="a")).json()
+    b = client.post(f"{API}/studies", json=study_spec(name="b")).json()
+    c = client.post(f"{API}/studies", json=study_spec(name="c", seed=1)).json()
+    params = [[t["params"] for t in _all_trials(client, s["id"])] for s in (a, b, c)]
+    assert params[0] == params[1]
+    assert params[0] != params[2]
+
+
+def test_raising_num_trials_continues_the_sequence(client: httpx.Client) -> None:
+    small = client.post(f"{API}/studies", json=study_spec(name="grown", num_trials=5)).json()
+    before = _all_trials(client, small["id"])
+    patched = client.patch(f"{API}/studies/{small['id']}", json={"num_trials": 9})
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["num_trials"] == 9
+    after = _all_trials(client, small["id"])
+    assert after[: len(before)] == before
+    direct = client.post(f"{API}/studies", json=study_spec(name="direct", num_trials=9)).json()
+    grown_params = sorted((t["point_index"], t["arm"]["optimizer"], str(t["params"])) for t in after)
+    direct_params = sorted(
+        (t["point_index"], t["arm"]["optimizer"], str(t["params"])) for t in _all_trials(client, direct["id"])
+    )
+    assert grown_params == direct_params
+    shrink = client.patch(f"{API}/studies/{small['id']}", json={"num_trials": 3})
+    assert shrink.status_code == 422 and shrink.json()["detail"][0]["field"] == "num_trials"
+
+
+def test_manual_trials_keep_their_seeds_and_more_can_be_added(client: httpx.Client) -> None:
+    spec = study_spec(
+        name="manual",
+        algorithm="manual",
+        hyperparameters=[
+            {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 1e-4, "max": 1.0, "scale": "log"},
+            {"name": "batch_size", "role": "fixed", "value": 64},
+        ],
+        trials=[{"params": {"learning_rate": 0.01}, "seed": 7}, {"params": {"learning_rate": 0.1}}],
+    )
+    spec.pop("num_trials", None)
+    response = client.post(f"{API}/studies", json=spec)
+    assert response.status_code == 201, response.text
+    study = response.json()
+    trials = _all_trials(client, study["id"])
+    assert [t["params"]["learning_rate"] for t in trials] == [0.01, 0.1]
+    assert trials[0]["seed"] == 7 and trials[0]["point_index"] is None
+    assert trials[0]["params"]["batch_size"] == 64
+    added = client.post(
+        f"{API}/studies/{study['id']}/trials", json={"trials": [{"params": {"learning_rate": 0.5}, "seed": 3}]}
+    )
+    assert added.status_code == 201, added.text
+    assert len(_all_trials(client, study["id"])) == 3
+    bad = client.post(f"{API}/studies/{study['id']}/trials", json={"trials": [{"params": {"learning_rate": 5.0}}]})
+    assert bad.status_code == 422, bad.text
+    assert len(_all_trials(client, study["id"])) == 3
+
+
+def test_list_get_patch_archive(client: httpx.Client) -> None:
+    one = client.post(f"{API}/studies", json=study_spec(name="one", num_trials=2)).json()
+    two = client.post(f"{API}/studies", json=study_spec(name="two", num_trials=2)).json()
+    listed = client.get(f"{API}/studies").json()
+    assert listed["total"] == 2 and {s["name"] for s in listed["items"]} == {"one", "two"}
+    assert client.patch(f"{API}/studies/{one['id']}", json={"status": "archived"}).json()["status"] == "archived"
+    archived = client.get(f"{API}/studies", params={"status": "archived"}).json()
+    assert [s["id"] for s in archived["items"]] == [one["id"]]
+    assert client.get(f"{API}/studies/{two['id']}").json()["name"] == "two"
+    assert (
+        client.post(f"{API}/workers/claim", json={"worker_id": "w", "resources": {"cpus": 4, "gpus": 0}}).json()[
+            "study_id"
+        ]
+        == two["id"]
+    )
+
+
+def test_replicas_rerun_params_with_new_seeds(client: httpx.Client) -> None:
+    study = client.post(f"{API}/studies", json=study_spec(name="rep", num_trials=1)).json()
+    original = _all_trials(client, study["id"])[0]
+    response = client.post(f"{API}/trials/{original['id']}/replicas", json={"count": 2})
+    assert response.status_code == 201, response.text
+    replicas = [client.get(f"{API}/trials/{i}").json() for i in response.json()["trial_ids"]]
+    assert all(r["params"] == original["params"] and r["replica_of"] == original["id"] for r in replicas)
+    assert len({original["seed"], *(r["seed"] for r in replicas)}) == 3
+
+
+def test_health_and_readiness(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["database"] == "reachable"
+
+
+def test_creating_10000_trials_is_one_request(client: httpx.Client) -> None:
+    response = client.post(f"{API}/studies", json=study_spec(name="big", num_trials=5000))
+    assert response.status_code == 201, response.text
+    assert response.json()["trial_counts"]["pending"] == 10_000
+
+
+def test_prometheus_metrics_count_trials_by_status(client: httpx.Client) -> None:
+    client.post(f"{API}/studies", json=study_spec(name="prom", num_trials=3))
+    client.post(f"{API}/workers/claim", json={"worker_id": "w", "resources": {"cpus": 8}})
+    text = client.get("/metrics").text
+    assert 'hpo_trials{status="pending"} 5' in text and 'hpo_trials{status="running"} 1' in text

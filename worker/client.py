@@ -1,0 +1,173 @@
+"""HTTP client for the worker protocol (DESIGN.md, "Trial lifecycle and the worker protocol").
+
+Errors fall in three kinds, because a worker reacts to each differently:
+- `LeaseLost` (409): the lease is not ours any more; stop that run at once and write nothing more.
+- `ServerUnavailable`: no answer, or 5xx/429, within the retry budget; keep training and retry later.
+- `ProtocolError`: any other refusal (4xx); a retry would get the same answer.
+
+Transient failures are retried with exponential backoff and jitter for up to `retry_for` seconds
+(0: one try). Every worker write is idempotent on the server (metrics upsert on (trial, name,
+step); a repeated complete/fail answers 409), so a retried request that had in fact arrived does no
+harm."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+API = "/api/v1"
+
+
+class ProtocolError(Exception):
+    """The server refused a request for a reason a retry will not fix."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class LeaseLost(ProtocolError):
+    """409: the lease expired, was taken by another worker, or the trial finished or was cancelled."""
+
+
+class ServerUnavailable(Exception):
+    """The server did not answer usefully within the retry budget (connection error, timeout, 5xx, 429)."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter on a fraction of each delay, so many workers that lost
+    the server together do not come back in lockstep."""
+
+    initial: float = 0.5
+    factor: float = 2.0
+    maximum: float = 30.0
+    jitter: float = 0.25
+
+    def delays(self) -> Iterator[float]:
+        delay = self.initial
+        while True:
+            yield delay * (1 - self.jitter * random.random())
+            delay = min(self.maximum, delay * self.factor)
+
+
+def json_number(value: float) -> float | str:
+    """Non-finite numbers travel as the strings "NaN", "Infinity", "-Infinity" (DESIGN.md)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+class ServerClient:
+    """One connection pool to the hpo server. Thread-safe (httpx.Client is); picklable by
+    construction arguments, so Ray tasks rebuild it on their own node."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout: float = 10.0,
+        backoff: Backoff | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.backoff = backoff or Backoff()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, transport=transport)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ServerClient, (self.base_url, self.token, self.timeout, self.backoff))
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    def claim(self, worker_id: str, cpus: float, gpus: float, retry_for: float = 0) -> dict[str, Any] | None:
+        """Leases the next pending trial whose footprint fits `cpus`/`gpus`; None when none fits (204)."""
+        body = {"worker_id": worker_id, "resources": {"cpus": cpus, "gpus": gpus}}
+        response = self.request("POST", f"{API}/workers/claim", body, retry_for)
+        return None if response.status_code == 204 else response.json()
+
+    def heartbeat(self, trial_id: int, lease_id: str, retry_for: float = 0) -> dict[str, Any]:
+        """Extends the lease: `{lease_expires_at, should_stop}`. `LeaseLost` when it is not ours."""
+        return self.request("POST", f"{API}/trials/{trial_id}/heartbeat", {"lease_id": lease_id}, retry_for).json()
+
+    def post_metrics(
+        self, trial_id: int, lease_id: str, points: list[dict[str, Any]], retry_for: float = 0
+    ) -> dict[str, Any]:
+        """Upserts `[{step, name, value}]`; replaying a batch duplicates nothing."""
+        body = {"lease_id": lease_id, "points": [{**p, "value": json_number(float(p["value"]))} for p in points]}
+        return self.request("POST", f"{API}/trials/{trial_id}/metrics", body, retry_for).json()
+
+    def post_checkpoint(
+        self, trial_id: int, lease_id: str, step: int, uri: str, objective: float | None, retry_for: float = 0
+    ) -> None:
+        """Records a checkpoint the next attempt may resume from."""
+        value = None if objective is None else json_number(float(objective))
+        body = {"lease_id": lease_id, "step": step, "uri": uri, "objective": value}
+        self.request("POST", f"{API}/trials/{trial_id}/checkpoints", body, retry_for)
+
+    def complete(self, trial_id: int, lease_id: str, retry_for: float = 0) -> None:
+        self.request("POST", f"{API}/trials/{trial_id}/complete", {"lease_id": lease_id}, retry_for)
+
+    def fail(
+        self, trial_id: int, lease_id: str, kind: str, reason: str, step: int | None = None, retry_for: float = 0
+    ) -> str:
+        """Ends the attempt as `infeasible | error | preempted | config`; answers the trial's new status."""
+        body = {"lease_id": lease_id, "kind": kind, "reason": reason[-20_000:], "step": step}
+        return str(self.request("POST", f"{API}/trials/{trial_id}/fail", body, retry_for).json()["status"])
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def get(self, path: str, params: dict[str, Any] | None = None, retry_for: float = 0) -> Any:
+        return self.request("GET", path, None, retry_for, params=params).json()
+
+    def post(self, path: str, body: Any, retry_for: float = 0) -> Any:
+        return self.request("POST", path, body, retry_for).json()
+
+    def request(
+        self, method: str, path: str, body: Any, retry_for: float = 0, params: dict[str, Any] | None = None
+    ) -> httpx.Response:
+        """Sends one request, retrying transient failures for up to `retry_for` seconds."""
+        deadline = time.monotonic() + retry_for
+        delays = self.backoff.delays()
+        while True:
+            try:
+                return self._once(method, path, body, params)
+            except ServerUnavailable:
+                delay = next(delays)
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+
+    def _once(self, method: str, path: str, body: Any, params: dict[str, Any] | None) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, json=body, params=params)
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code == 409:
+            raise LeaseLost(_detail(response), 409)
+        if response.status_code == 429 or response.status_code >= 500:
+            raise ServerUnavailable(f"{method} {path}: HTTP {response.status_code}: {_detail(response)}")
+        if response.status_code >= 400:
+            message = f"{method} {path}: HTTP {response.status_code}: {_detail(response)}"
+            raise ProtocolError(message, response.status_code)
+        return response
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("detail", response.text))
+    except (ValueError, AttributeError):
+        return response.text[:500]

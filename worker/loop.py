@@ -1,0 +1,332 @@
+"""The worker: a Ray driver that keeps a cluster busy with trials from the server.
+
+One thread does everything that talks to the server for the driver (claims, heartbeats, final
+calls), each with a single try and its own backoff, so a server outage never blocks a tick for more
+than one request timeout and never crashes the worker; the trials keep training meanwhile, and
+rank 0's reporter buffers their points on disk. Each tick:
+
+1. collects trials whose process ended and makes their final call (`complete` / `fail`);
+2. heartbeats every lease a third of the way through it (DESIGN.md, "Leases"); `should_stop` or a
+   409 posts a stop on the `TrialBoard`, which rank 0 polls;
+3. claims more trials while the cluster has free resources (`Capacity`), several at once.
+
+SIGTERM (or SIGINT) drains: no more claims, every run is asked to stop, the trainer checkpoints,
+each trial is given back as `preempted`, then the worker exits. A second signal exits at once."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from .capacity import Capacity, Footprint
+from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
+from .runner import create_board, launch, outcome_of_exception
+from .runs import STOP_LEASE_LOST, STOP_PREEMPTED, STOP_REQUESTED, JobSettings, Run, build_job
+
+_log = logging.getLogger("hpo.worker")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker runs. `ray_address` None starts a local Ray instance (with `num_cpus` and
+    `num_gpus` when given); otherwise it joins that cluster ("auto" finds one on this node)."""
+
+    server_url: str
+    artifact_root: Path = Path("./artifacts")
+    token: str | None = None
+    ray_address: str | None = None
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    worker_id: str = field(default_factory=default_worker_id)
+    max_trials: int | None = None
+    idle_poll_seconds: float = 1.0
+    tick_seconds: float = 0.1
+    drain_seconds: float = 120.0
+    exit_when_idle_seconds: float | None = None
+    flush_points: int = 512
+    flush_seconds: float = 2.0
+    warm_up: bool = True
+    log_to_driver: bool = True
+    object_store_memory: int | None = None
+    trainer: str = "hpo.trainer:train"
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did, for logs, the demo and the benchmark."""
+
+    claimed: int = 0
+    finished: int = 0
+    max_running: int = 0
+    # (trial_id, seconds from claim to the trial process starting, ... to its first training step),
+    # the most recent 10,000 (a worker may live for months)
+    latencies: deque[tuple[int, float | None, float | None]] = field(default_factory=lambda: deque(maxlen=10_000))
+
+
+class Worker:
+    """`Worker(options).run()` claims and runs trials until a signal (or `until()`) says stop."""
+
+    def __init__(self, options: WorkerOptions, client: ServerClient | None = None) -> None:
+        self.options = options
+        self.client = client or ServerClient(options.server_url, options.token)
+        self.stats = WorkerStats()
+        self._runs: dict[int, Run] = {}
+        self._wake = threading.Event()
+        self._draining_since: float | None = None
+        self._hard_stop = False
+        self._next_claim = 0.0
+        self._claim_delays = Backoff(initial=1.0, maximum=30.0).delays()
+        self._idle_since = time.monotonic()
+        self._owns_ray = False
+        self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="hpo-ddp")
+        self._capacity = Capacity(exclusive=True)
+        self._jobs: JobSettings | None = None
+
+    # -- public -------------------------------------------------------------------------------
+
+    def run(self, until: Callable[[], bool] | None = None) -> int:
+        """Runs until drained by a signal or `request_shutdown`, until `until()` is true with no
+        trial left, or until idle for `exit_when_idle_seconds`. Answers an exit status."""
+        self._connect()
+        restore = self._install_signal_handlers()
+        try:
+            while not self._hard_stop and not self._finished(until):
+                self._tick()
+                self._wake.wait(self.options.tick_seconds)
+                self._wake.clear()
+        finally:
+            restore()
+            self._close()
+        return 0
+
+    def request_shutdown(self) -> None:
+        """Drain: claim nothing more, stop every run (it checkpoints), give them back as
+        `preempted`, then return from `run`. Called a second time, stop at once. Signal-safe."""
+        if self._draining_since is not None:
+            self._hard_stop = True
+        else:
+            self._draining_since = time.monotonic()
+        self._wake.set()
+
+    @property
+    def running(self) -> int:
+        return len(self._runs)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        self._collect()
+        self._heartbeat()
+        if self._draining_since is not None:
+            for run in self._runs.values():
+                self._stop(run, STOP_PREEMPTED)
+        else:
+            self._claim_while_room()
+
+    def _finished(self, until: Callable[[], bool] | None) -> bool:
+        now = time.monotonic()
+        if self._draining_since is not None:
+            if not self._runs:
+                return True
+            if now - self._draining_since > self.options.drain_seconds:
+                self._give_up_runs()
+                return True
+            return False
+        if self._runs:
+            return False
+        if until is not None and until():
+            return True
+        idle = self.options.exit_when_idle_seconds
+        return idle is not None and now - self._idle_since > idle
+
+    def _collect(self) -> None:
+        """Ends runs whose process ended: frees their resources, then tries the final call."""
+        now = time.monotonic()
+        for trial_id, run in list(self._runs.items()):
+            if run.outcome is None and run.execution is not None and run.execution.done():
+                run.outcome = run.execution.outcome()
+                self._capacity.release(run.footprint)
+                self._record_latency(run)
+                self._next_claim = 0.0  # resources just freed: claim again at once
+            if run.outcome is not None and now >= run.next_try and run.try_finish(self.client):
+                del self._runs[trial_id]
+                self.stats.finished += 1
+                self._idle_since = now
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        for run in self._runs.values():
+            if now < run.next_heartbeat or run.stop_reason == STOP_LEASE_LOST:
+                continue
+            try:
+                answer = self.client.heartbeat(run.trial_id, run.lease_id)
+            except ServerUnavailable as exc:
+                # Keep training; the lease may still be alive when the server returns.
+                run.next_heartbeat = now + min(2.0, run.heartbeat_period)
+                _log.warning("trial %d: heartbeat failed (%s); retrying", run.trial_id, exc)
+                continue
+            except ProtocolError as exc:  # 409 (LeaseLost) or the trial is gone: not ours any more
+                _log.warning("trial %d: %s; stopping the run", run.trial_id, exc)
+                self._stop(run, STOP_LEASE_LOST)
+                continue
+            run.next_heartbeat = now + run.heartbeat_period
+            if answer.get("should_stop"):
+                self._stop(run, STOP_REQUESTED)
+
+    def _claim_while_room(self) -> None:
+        while time.monotonic() >= self._next_claim and self._room_for_one_more():
+            cpus, gpus = self._capacity.offer()
+            if cpus <= 0 and gpus <= 0:
+                return
+            try:
+                claim = self.client.claim(self.options.worker_id, cpus, gpus)
+            except (ServerUnavailable, ProtocolError) as exc:
+                delay = next(self._claim_delays)
+                self._next_claim = time.monotonic() + delay
+                _log.warning("claim failed (%s); retrying in %.1f s", exc, delay)
+                return
+            self._claim_delays = Backoff(initial=1.0, maximum=30.0).delays()
+            if claim is None:
+                self._next_claim = time.monotonic() + self.options.idle_poll_seconds
+                return
+            self._start(claim)
+
+    def _room_for_one_more(self) -> bool:
+        limit = self.options.max_trials
+        return limit is None or sum(run.outcome is None for run in self._runs.values()) < limit
+
+    def _start(self, claim: dict[str, Any]) -> None:
+        assert self._jobs is not None
+        claimed_at = time.time()
+        job = build_job(claim, self._jobs)
+        footprint = Footprint(job.processes, job.cpus_per_process, job.gpus_per_process)
+        run = Run(claim=claim, job=job, footprint=footprint, execution=None, claimed_at=claimed_at)
+        run.next_heartbeat = time.monotonic() + run.heartbeat_period
+        try:
+            run.execution = launch(job, self._pool)
+            self._capacity.commit(footprint)
+        except Exception as exc:  # Ray refused the task; the server retries it elsewhere
+            _log.exception("trial %d: could not start", job.trial_id)
+            run.outcome = outcome_of_exception(exc)
+        self._runs[job.trial_id] = run
+        self.stats.claimed += 1
+        self.stats.max_running = max(self.stats.max_running, sum(r.outcome is None for r in self._runs.values()))
+        resumed = job.config["trainer"].get("resume_from")
+        _log.info(
+            "trial %d attempt %d claimed (%d x %.3g CPU, %.3g GPU)%s",
+            job.trial_id,
+            job.attempt,
+            job.processes,
+            job.cpus_per_process,
+            job.gpus_per_process,
+            f", resuming {resumed}" if resumed else "",
+        )
+
+    def _stop(self, run: Run, reason: str) -> None:
+        if run.stop_reason is not None or run.outcome is not None:
+            if reason == STOP_LEASE_LOST:
+                run.stop_reason = reason  # a lost lease overrides: nothing more may be written
+            return
+        run.stop_reason = reason
+        assert self._jobs is not None
+        self._jobs.board.request_stop.remote(run.lease_id, reason)
+
+    def _give_up_runs(self) -> None:
+        """The drain deadline passed: give the leases back now (the runs resume from their newest
+        recorded checkpoint) and leave; Ray ends the processes with this driver."""
+        for run in self._runs.values():
+            if run.stop_reason == STOP_LEASE_LOST:
+                continue
+            try:
+                self.client.fail(run.trial_id, run.lease_id, "preempted", "worker shut down before the run stopped")
+            except (ServerUnavailable, ProtocolError, LeaseLost) as exc:
+                _log.warning("trial %d: could not give the lease back (%s); it will expire", run.trial_id, exc)
+
+    def _record_latency(self, run: Run) -> None:
+        outcome = run.outcome
+        if outcome is None:
+            return
+        start = None if outcome.started_at is None else outcome.started_at - run.claimed_at
+        first = None if outcome.first_step_at is None else outcome.first_step_at - run.claimed_at
+        self.stats.latencies.append((run.trial_id, start, first))
+        if first is not None:
+            _log.info("trial %d: %s; claim to first step %.2f s", run.trial_id, outcome.status, first)
+
+    # -- setup and teardown -------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        opts = self.options
+        if not ray.is_initialized():
+            local: dict[str, Any] = {}
+            if not opts.ray_address:  # sizes apply to a local instance only; Ray refuses them when joining
+                local = {
+                    "num_cpus": opts.num_cpus,
+                    "num_gpus": opts.num_gpus,
+                    "object_store_memory": opts.object_store_memory,
+                }
+            ray.init(address=opts.ray_address, include_dashboard=False, log_to_driver=opts.log_to_driver, **local)
+            self._owns_ray = True
+        self._capacity = Capacity(exclusive=self._owns_ray and opts.ray_address is None)
+        self._jobs = JobSettings(
+            opts.artifact_root.absolute(),
+            self.client,
+            create_board(),
+            opts.flush_points,
+            opts.flush_seconds,
+            opts.trainer,
+        )
+        if opts.warm_up:
+            warm_up()
+        self._idle_since = time.monotonic()
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in previous:
+            signal.signal(sig, lambda _signum, _frame: self.request_shutdown())
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    def _close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+        if self._jobs is not None and ray.is_initialized():
+            ray.kill(self._jobs.board)  # a driver that stays connected (tests, the demo) would keep it
+        if self._owns_ray:
+            ray.shutdown()
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def _warm() -> int:
+    import hpo.trainer  # noqa: F401  (the import is the work: torch and the trainer load once per process)
+
+    return os.getpid()
+
+
+def warm_up(timeout: float = 60.0) -> None:
+    """Starts one Ray worker process per CPU (up to 16) with torch and the trainer imported, so the
+    first trials start in milliseconds instead of seconds (Ray reuses idle worker processes)."""
+    slots = int(min(16, ray.cluster_resources().get("CPU", 1)))
+    refs = [_warm.remote() for _ in range(max(1, slots))]
+    ray.wait(refs, num_returns=len(refs), timeout=timeout)

@@ -1,0 +1,287 @@
+"""Runs one claimed trial on the Ray cluster (DESIGN.md, "Resources").
+
+One process (`resources.workers == 1`): a plain Ray task, which starts in milliseconds on a warm
+worker process. Several processes: Ray Train's `TorchTrainer` (DDP; gloo on CPU, NCCL on GPU),
+whose `fit()` blocks, so it runs on a driver thread. Both end in an `Outcome` that the driver turns
+into `complete` or `fail`. Ray never retries (`max_retries=0`, `FailureConfig(max_failures=0)`):
+retries are the server's business, with their attempt accounting.
+
+The driver talks to a running trial through a `TrialBoard` actor: it posts stop requests there
+(heartbeat said `should_stop`, lease lost, worker shutting down), rank 0's reporter polls it without
+blocking, and the trainer broadcasts the stop to every rank. DDP runs leave their outcome there too,
+since `fit()` returns no value from the training function."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import ray
+
+from .client import ServerClient
+from .reporter import HttpReporter, Undelivered
+
+_log = logging.getLogger("hpo.worker.runner")
+
+# Statuses an Outcome may carry: the trainer's RunResult statuses plus `config` (ConfigError).
+OUTCOME_STATUSES = ("completed", "infeasible", "error", "stopped", "config")
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """Everything a trial process needs, built by the driver from a claim; picklable."""
+
+    trial_id: int
+    lease_id: str
+    attempt: int
+    config: dict[str, Any]
+    out_dir: str
+    artifact_root: str
+    client: ServerClient
+    board: Any
+    processes: int = 1
+    cpus_per_process: float = 1.0
+    gpus_per_process: float = 0.0
+    flush_points: int = 512
+    flush_seconds: float = 2.0
+    collective_timeout_s: int = 600
+    trainer: str = "hpo.trainer:train"
+
+    @property
+    def name(self) -> str:
+        return f"hpo-trial-{self.trial_id}-attempt-{self.attempt}"
+
+
+@dataclass
+class Outcome:
+    """How an attempt ended. `status` is one of OUTCOME_STATUSES; `started_at` and `first_step_at`
+    are wall-clock times in the trial process (for the claim-to-first-step latency)."""
+
+    status: str
+    reason: str = ""
+    step: int | None = None
+    lease_lost: bool = False
+    undelivered: Undelivered = field(default_factory=Undelivered)
+    started_at: float | None = None
+    first_step_at: float | None = None
+
+
+class TrialBoard:
+    """Ray actor (one per worker driver, `num_cpus=0`): stop requests out, DDP outcomes back,
+    keyed by lease id, so a new attempt of the same trial never sees an old attempt's stop."""
+
+    def __init__(self) -> None:
+        self._stops: dict[str, str] = {}
+        self._outcomes: dict[str, Outcome] = {}
+
+    def request_stop(self, key: str, reason: str) -> None:
+        self._stops.setdefault(key, reason)
+
+    def stop_reason(self, key: str) -> str | None:
+        return self._stops.get(key)
+
+    def put_outcome(self, key: str, outcome: Outcome) -> None:
+        self._outcomes[key] = outcome
+
+    def take(self, key: str) -> Outcome | None:
+        """Forgets the key; answers the outcome rank 0 left, if any."""
+        self._stops.pop(key, None)
+        return self._outcomes.pop(key, None)
+
+
+def create_board() -> Any:
+    """The board actor of this driver; it dies with the driver, as the trials it steers do."""
+    return ray.remote(num_cpus=0, max_restarts=0)(TrialBoard).remote()
+
+
+class BoardPoller:
+    """`stop_requested` for the reporter: asks the board at most every `interval` seconds and never
+    blocks a training step on the answer."""
+
+    def __init__(self, board: Any, key: str, interval: float = 0.5) -> None:
+        self._board, self._key, self._interval = board, key, interval
+        self._pending: Any = None
+        self._next = 0.0
+        self.reason: str | None = None
+
+    def __call__(self) -> bool:
+        if self.reason is not None:
+            return True
+        now = time.monotonic()
+        if self._pending is None and now >= self._next:
+            self._pending = self._board.stop_reason.remote(self._key)
+        if self._pending is not None and ray.wait([self._pending], timeout=0)[0]:
+            self.reason = ray.get(self._pending)
+            self._pending, self._next = None, now + self._interval
+        return self.reason is not None
+
+
+def run_rank(job: TrialJob, rank: int) -> Outcome | None:
+    """Trains on one rank; rank 0 reports over HTTP and answers the Outcome, other ranks None.
+    Rank 0 never raises: user-code exceptions become `error`, ConfigError `config`."""
+    started = time.time()
+    out_dir = Path(job.out_dir)
+    if rank != 0:
+        load_trainer(job.trainer)[0](job.config, out_dir, None)
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reporter = HttpReporter(
+        job.client,
+        job.trial_id,
+        job.lease_id,
+        out_dir / "metrics.jsonl",
+        Path(job.artifact_root),
+        BoardPoller(job.board, job.lease_id),
+        flush_points=job.flush_points,
+        flush_seconds=job.flush_seconds,
+    ).start()
+    outcome = _guarded_train(job, out_dir, reporter)
+    outcome.undelivered = reporter.close()
+    outcome.lease_lost = reporter.lease_lost
+    outcome.started_at, outcome.first_step_at = started, reporter.first_step_at
+    return outcome
+
+
+def load_trainer(entry: str) -> tuple[Callable[..., Any], type[BaseException]]:
+    """`module:function` → the train function and its module's `ConfigError` (or hpo.trainer's).
+    The default is `hpo.trainer:train`; any function with that contract may stand in."""
+    module_name, _, function = entry.partition(":")
+    module = importlib.import_module(module_name)
+    config_error = getattr(module, "ConfigError", None)
+    if config_error is None:
+        config_error = importlib.import_module("hpo.trainer").ConfigError
+    return getattr(module, function or "train"), config_error
+
+
+def _guarded_train(job: TrialJob, out_dir: Path, reporter: HttpReporter) -> Outcome:
+    try:
+        train, config_error = load_trainer(job.trainer)
+        try:
+            result = train(job.config, out_dir, reporter)
+        except config_error as exc:
+            return Outcome("config", str(exc))
+    except Exception as exc:
+        return Outcome("error", describe(exc))
+    status = str(getattr(result, "status", "error"))
+    if status not in OUTCOME_STATUSES:
+        return Outcome("error", f"trainer answered unknown status {status!r}")
+    return Outcome(status, str(getattr(result, "reason", "") or ""), getattr(result, "step", None))
+
+
+@ray.remote(max_retries=0)
+def _trial_process(job: TrialJob) -> Outcome | None:
+    return run_rank(job, 0)
+
+
+def _ddp_loop(loop_config: dict[str, Any]) -> None:
+    """Ray Train's per-worker function. Rank 0 leaves its outcome on the board; after an error it
+    raises so Ray Train tears the group down instead of the other ranks waiting in a collective."""
+    from ray import train as ray_train
+
+    job: TrialJob = loop_config["job"]
+    rank = ray_train.get_context().get_world_rank()
+    outcome = run_rank(job, rank)
+    if outcome is not None:
+        ray.get(job.board.put_outcome.remote(job.lease_id, outcome))
+        if outcome.status in ("error", "config"):
+            raise RuntimeError(f"trial {job.trial_id} rank 0 ended with {outcome.status}")
+
+
+class Execution(Protocol):
+    """A started trial, as the driver sees it."""
+
+    job: TrialJob
+
+    def done(self) -> bool: ...
+
+    def outcome(self) -> Outcome: ...
+
+
+class TaskExecution:
+    """A one-process trial running as a plain Ray task."""
+
+    def __init__(self, job: TrialJob) -> None:
+        self.job = job
+        options = {"num_cpus": job.cpus_per_process, "num_gpus": job.gpus_per_process, "name": job.name}
+        self.ref = _trial_process.options(**options).remote(job)
+
+    def done(self) -> bool:
+        return bool(ray.wait([self.ref], timeout=0)[0])
+
+    def outcome(self) -> Outcome:
+        self.job.board.take.remote(self.job.lease_id)
+        try:
+            outcome = ray.get(self.ref)
+        except Exception as exc:  # the process died or hpo.trainer failed to import
+            return outcome_of_exception(exc)
+        return outcome if outcome is not None else Outcome("error", "trial process answered nothing")
+
+
+class TrainExecution:
+    """A DDP trial: `TorchTrainer.fit()` on a driver thread."""
+
+    def __init__(self, job: TrialJob, pool: concurrent.futures.Executor) -> None:
+        self.job = job
+        self.future = pool.submit(fit_ddp, job)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def outcome(self) -> Outcome:
+        error = self.future.exception()
+        outcome = ray.get(self.job.board.take.remote(self.job.lease_id))
+        if outcome is not None:
+            return outcome
+        if error is None:
+            return Outcome("error", "rank 0 left no outcome")
+        return outcome_of_exception(error)
+
+
+def fit_ddp(job: TrialJob) -> None:
+    """Runs `job.processes` DDP processes with Ray Train; blocks until they end."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    use_gpu = job.gpus_per_process > 0
+    resources = {"CPU": job.cpus_per_process, **({"GPU": job.gpus_per_process} if use_gpu else {})}
+    trainer = TorchTrainer(
+        _ddp_loop,
+        train_loop_config={"job": job},
+        scaling_config=ScalingConfig(num_workers=job.processes, use_gpu=use_gpu, resources_per_worker=resources),
+        run_config=RunConfig(
+            name=job.name,
+            storage_path=str(Path(job.out_dir) / "ray-train"),
+            failure_config=FailureConfig(max_failures=0),
+        ),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=job.collective_timeout_s),
+    )
+    trainer.fit()
+
+
+def describe(exc: BaseException) -> str:
+    """The exception in one line, then its traceback, within the server's 20,000 characters."""
+    summary = "".join(traceback.format_exception_only(exc)).strip()
+    trace = "".join(traceback.format_exception(exc))
+    return f"{summary[:2000]}\n\n{trace[-8000:]}"
+
+
+def outcome_of_exception(exc: BaseException) -> Outcome:
+    """Ray's out-of-memory kill is a property of the point (DESIGN.md: `infeasible`); anything else
+    that killed the process is an `error`, retried by the server."""
+    if isinstance(exc, ray.exceptions.OutOfMemoryError):
+        return Outcome("infeasible", f"out of memory: {exc}"[-8000:])
+    return Outcome("error", f"{type(exc).__name__}: {exc}"[-8000:])
+
+
+def launch(job: TrialJob, pool: concurrent.futures.Executor) -> Execution:
+    """Starts the trial: a Ray task for one process, Ray Train for several."""
+    if job.processes == 1:
+        return TaskExecution(job)
+    return TrainExecution(job, pool)
