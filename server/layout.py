@@ -17,7 +17,7 @@ import numpy as np
 from scipy.stats import qmc
 
 from .errors import FieldError, InvalidInput
-from .spec import Hyperparameter, StudySpec, crossed_arms
+from .spec import Hyperparameter, StudySpec, crossed_arms, sampled_names
 
 OPTIMIZER_PARAMS = ("learning_rate", "momentum", "beta1", "beta2", "epsilon", "weight_decay")
 # The playbook's Adam rule (FAQ: 10 trials for 2 hyperparameters, 25 for 3) works out to about
@@ -47,7 +47,7 @@ def arms(spec: StudySpec) -> list[dict[str, Any]]:
 def dimensions(spec: StudySpec) -> list[str]:
     """One quasi-random dimension per distinct varied name that is not crossed, ordered by name
     (continuous scientific hyperparameters join the nuisance ones)."""
-    return sorted({hp.name for hp in spec.hyperparameters if hp.varied and not hp.crossed})
+    return sampled_names(spec)
 
 
 def trial_seed(study_seed: int, point_index: int, replica_index: int = 0) -> int:

@@ -21,6 +21,7 @@ Decisions where the brief left a choice:
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import unicodedata
@@ -249,7 +250,9 @@ def _declaration_errors(path: str, hp: Hyperparameter) -> Iterator[FieldError]:
     if hp.value is not None:
         yield FieldError(f"{path}.value", f"is only for fixed hyperparameters; a {hp.role} one takes a range or values")
     if hp.type is None:
-        yield FieldError(f"{path}.type", f"is required for a {hp.role} hyperparameter (float, int, categorical, discrete)")
+        yield FieldError(
+            f"{path}.type", f"is required for a {hp.role} hyperparameter (float, int, categorical, discrete)"
+        )
     elif hp.type in RANGE_TYPES:
         yield from _range_errors(path, hp)
     else:
@@ -388,6 +391,14 @@ def crossed_hyperparameters(spec: StudySpec) -> list[Hyperparameter]:
     return list(seen.values())
 
 
+def crossed_arms(spec: StudySpec) -> list[dict[str, Any]]:
+    """Every combination of the crossed scientific values, first name slowest, in spec order;
+    `[{}]` when nothing is crossed."""
+    crossed = crossed_hyperparameters(spec)
+    names = [hp.name for hp in crossed]
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(hp.values or [] for hp in crossed))]
+
+
 def sampled_names(spec: StudySpec) -> list[str]:
     """Each distinct varied name that gets a search dimension, ordered by name."""
     return sorted({hp.name for hp in spec.hyperparameters if hp.sampled})
@@ -396,7 +407,9 @@ def sampled_names(spec: StudySpec) -> list[str]:
 def _size_errors(spec: StudySpec) -> Iterator[FieldError]:
     arms = arm_count(spec)
     if arms > MAX_TRIALS_PER_STUDY:
-        yield FieldError("hyperparameters", f"the scientific values cross into {arms} arms, over {MAX_TRIALS_PER_STUDY}")
+        yield FieldError(
+            "hyperparameters", f"the scientific values cross into {arms} arms, over {MAX_TRIALS_PER_STUDY}"
+        )
     elif spec.algorithm != "manual" and spec.num_trials * arms > MAX_TRIALS_PER_STUDY:
         yield FieldError(
             "num_trials",

@@ -109,7 +109,9 @@ def kept_steps(objectives: Mapping[int, float | None], keep_best: int, objective
     return kept
 
 
-def prune(directory: Path, objective_at: Callable[[int], float | None], keep_best: int, objective: Objective) -> list[int]:
+def prune(
+    directory: Path, objective_at: Callable[[int], float | None], keep_best: int, objective: Objective
+) -> list[int]:
     """Deletes the checkpoints `kept_steps` does not keep; answers the steps deleted."""
     present = {step: path for step, path in list_checkpoints(directory)}
     keep = kept_steps({step: objective_at(step) for step in present}, keep_best, objective)

@@ -199,7 +199,9 @@ def parse_trainer(raw: Mapping[str, Any]) -> TrainerSettings:
         workload=_text("trainer.workload", raw.get("workload", d.workload)),
         workload_options=dict(_mapping(raw.get("workload_options"), "trainer.workload_options")),
         max_train_steps=_integer("trainer.max_train_steps", raw.get("max_train_steps", d.max_train_steps), minimum=1),
-        eval_every_steps=_integer("trainer.eval_every_steps", raw.get("eval_every_steps", d.eval_every_steps), minimum=1),
+        eval_every_steps=_integer(
+            "trainer.eval_every_steps", raw.get("eval_every_steps", d.eval_every_steps), minimum=1
+        ),
         checkpoint_every_steps=_optional_int(raw, "checkpoint_every_steps", minimum=1),
         keep_best_checkpoints=_integer(
             "trainer.keep_best_checkpoints", raw.get("keep_best_checkpoints", d.keep_best_checkpoints), minimum=1

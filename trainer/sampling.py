@@ -37,7 +37,9 @@ class BatchOrder:
     """This rank's training indices for every step (see the module doc). In `fixed` mode every step
     uses the first batch (the overfit-one-batch check)."""
 
-    def __init__(self, num_examples: int, global_batch: int, seed: int, rank: int, world_size: int, fixed: bool = False):
+    def __init__(
+        self, num_examples: int, global_batch: int, seed: int, rank: int, world_size: int, fixed: bool = False
+    ):
         if num_examples < 1:
             raise ValueError("the training set is empty")
         self.num_examples = num_examples

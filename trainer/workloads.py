@@ -89,7 +89,9 @@ class Workload(Protocol):
         self, inputs: torch.Tensor, labels: torch.Tensor, generator: torch.Generator, params: Mapping[str, Any]
     ) -> torch.Tensor: ...
 
-    def eval_sums(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]: ...
+    def eval_sums(
+        self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+    ) -> dict[str, torch.Tensor]: ...
 
     def eval_metrics(self, sums: Mapping[str, torch.Tensor]) -> dict[str, float]: ...
 
@@ -168,7 +170,13 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "leaky_relu": nn.LeakyReLU,
 }
 NORMS = ("none", "batchnorm", "layernorm")
-MLP_HYPERPARAMETERS: dict[str, Any] = {"num_layers": 2, "width": 256, "activation": "relu", "dropout": 0.0, "norm": "none"}
+MLP_HYPERPARAMETERS: dict[str, Any] = {
+    "num_layers": 2,
+    "width": 256,
+    "activation": "relu",
+    "dropout": 0.0,
+    "norm": "none",
+}
 
 
 def mlp(in_features: int, num_classes: int, params: Mapping[str, Any]) -> nn.Sequential:
@@ -192,7 +200,12 @@ def mlp(in_features: int, num_classes: int, params: Mapping[str, Any]) -> nn.Seq
 def check_mlp_params(params: Mapping[str, Any]) -> None:
     for name, minimum in (("num_layers", 0), ("width", 1)):
         value = params[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer() or value < minimum:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not float(value).is_integer()
+            or value < minimum
+        ):
             raise ConfigError(f"params.{name} must be an integer >= {minimum}, got {value!r}")
     if params["activation"] not in ACTIVATIONS:
         raise ConfigError(f"unknown params.activation {params['activation']!r}; known: {', '.join(ACTIVATIONS)}")
@@ -301,7 +314,7 @@ def _digits(valid_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tenso
 
 # -- registry ----------------------------------------------------------------------------------------
 
-WORKLOADS: dict[str, Callable[..., Workload]] = {"synthetic_mlp": SyntheticMLP, "digits": Digits}
+WORKLOADS: dict[str, Callable[..., Workload]] = {"synthetic_mlp": SyntheticMLP, "digits": Digits}  # type: ignore[dict-item]
 
 
 def register_workload(name: str, factory: Callable[..., Workload]) -> None:
@@ -318,7 +331,9 @@ def load_workload(name: str, options: Mapping[str, Any] | None = None) -> Worklo
         workload = factory(**dict(options or {}))
     except TypeError as exc:
         raise ConfigError(f"trainer.workload_options do not fit {name!r}: {exc}") from exc
-    missing = [a for a in ("num_classes", "hyperparameters", "build_model", "datasets", "loss") if not hasattr(workload, a)]
+    missing = [
+        a for a in ("num_classes", "hyperparameters", "build_model", "datasets", "loss") if not hasattr(workload, a)
+    ]
     if missing:
         raise ConfigError(f"workload {name!r} lacks {', '.join(missing)} (see hpo.trainer.workloads.Workload)")
     return workload
