@@ -29,7 +29,7 @@ def test_the_design_example_round_trips() -> None:
 @pytest.mark.parametrize(
     "hyperparameters,field",
     [
-        ([{**LR, "type": "int", "min": 1.5, "max": 4, "scale": "linear"}], "hyperparameters[0]"),
+        ([{**LR, "type": "int", "min": 1.5, "max": 4, "scale": "linear"}], "hyperparameters[0].min"),
         ([{"name": "w", "role": "nuisance", "type": "discrete", "values": [2, 1]}], "hyperparameters[0].values"),
         ([{"name": "w", "role": "nuisance", "type": "discrete", "values": [1, "x"]}], "hyperparameters[0].values"),
         ([{**SCI, "when": {"optimizer": ["sgd"]}}], "hyperparameters[0].when"),
@@ -40,7 +40,7 @@ def test_the_design_example_round_trips() -> None:
         ([SCI, {**LR, "role": "fixed"}], "hyperparameters[1].value"),
         ([{**LR, "value": 0.1}], "hyperparameters[0].value"),
         ([{**LR, "name": "bad name!"}], "hyperparameters[0].name"),
-        ([{**LR, "min": float("nan")}], "hyperparameters[0]"),
+        ([{**LR, "min": float("nan")}], "hyperparameters[0].min"),
         ([{**LR, "surprise": 1}], "hyperparameters[0].surprise"),
     ],
 )
