@@ -5,7 +5,9 @@ implementation details"; 002, "Batch normalization implementation details").
   of that many examples, decoupling them from the batch size (useful when comparing batch sizes).
   A per-process batch larger than the virtual one is split into virtual batches, as the playbook
   asks. With every virtual batch inside one process, a run normalizes the same groups of examples
-  whatever its world size.
+  whatever its world size. The running averages take one update per training step, with the mean
+  of the virtual batches' statistics: so, once averaged over processes, they too do not depend on
+  how the batch is split over processes.
 - Several GPUs without ghost batch norm: `SyncBatchNorm`, statistics over the global batch. On CPU
   torch has no SyncBatchNorm (it needs a GPU), so each process normalizes over its own part.
 - The running averages used at evaluation are linear in the training statistics, so averaging them
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -24,16 +27,35 @@ from .distributed import DistContext, all_reduce_sum
 
 
 class GhostBatchNormMixin:
-    """Normalizes training batches in virtual batches of `virtual_batch_size` examples; each virtual
-    batch updates the running statistics as a batch of its own. Evaluation is unchanged."""
+    """Normalizes training batches in virtual batches of `virtual_batch_size` examples. The running
+    statistics take one update per forward pass with the mean of the virtual batches' statistics
+    (an update is linear in them), so 1 process with k virtual batches and 2 processes with k / 2
+    each end with the same averages once `average_buffers` has run. Evaluation is unchanged."""
 
     virtual_batch_size: int
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (torch's argument name)
         parent: Any = super()
-        if not self.training or input.shape[0] <= self.virtual_batch_size:  # type: ignore[attr-defined]
+        bn: Any = self
+        if not bn.training or input.shape[0] <= self.virtual_batch_size:
             return parent.forward(input)  # type: ignore[no-any-return]
-        return torch.cat([parent.forward(chunk) for chunk in input.split(self.virtual_batch_size)])
+        chunks = input.split(self.virtual_batch_size)
+        if not bn.track_running_stats or bn.running_mean is None or bn.num_batches_tracked is None:
+            return torch.cat([parent.forward(chunk) for chunk in chunks])
+        bn._check_input_dim(input)
+        bn.num_batches_tracked.add_(1)
+        factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+        outputs, means, variances = [], [], []
+        for chunk in chunks:
+            # Each virtual batch updates a copy of the old averages; the copies are then averaged.
+            mean, var = bn.running_mean.clone(), bn.running_var.clone()
+            outputs.append(F.batch_norm(chunk, mean, var, bn.weight, bn.bias, True, factor, bn.eps))
+            means.append(mean)
+            variances.append(var)
+        with torch.no_grad():
+            bn.running_mean.copy_(torch.stack(means).mean(dim=0))
+            bn.running_var.copy_(torch.stack(variances).mean(dim=0))
+        return torch.cat(outputs)
 
 
 _GHOST_CLASSES: dict[type, type] = {}
