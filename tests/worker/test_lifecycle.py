@@ -95,7 +95,7 @@ def test_divergence_is_infeasible_and_a_bad_config_fails_without_retry(env: Any)
 
 def test_paused_study_preempts_its_runs_which_resume_later_without_a_gap(env: Any) -> None:
     server, http, settings = env
-    study = create_study(http, fixed(worker_spec(num_trials=1), step_seconds=0.03))
+    study = create_study(http, fixed(worker_spec(num_trials=1), step_seconds=0.1))
     sid = study["id"]
 
     def pause_then_resume() -> None:
