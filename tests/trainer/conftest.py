@@ -76,6 +76,11 @@ def same_float(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+# The installed `hpo` console script, the command a user types. (Not `python -m hpo.cli`: run as
+# `__main__`, that module's CliError is another class than the one the subcommands raise.)
+HPO = str(Path(sys.executable).parent / "hpo")
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
@@ -83,12 +88,12 @@ def cli_env() -> dict[str, str]:
 
 
 def start_train(config: dict[str, Any], out_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    """`python -m hpo.cli train --config FILE --out DIR` as a real process (its own session, so
+    """`hpo train --config FILE --out DIR` as a real process (its own session, so
     signals go to it alone)."""
     config_file = out_dir.with_name(out_dir.name + "-config.json")
     config_file.write_text(json.dumps(config))
     return subprocess.Popen(
-        [sys.executable, "-m", "hpo.cli", "train", "--config", str(config_file), "--out", str(out_dir), *extra],
+        [HPO, "train", "--config", str(config_file), "--out", str(out_dir), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -93,6 +93,7 @@ def test_batch_not_divisible_by_the_world_size_is_refused() -> None:
         check_config({**config, "trainer": {**config["trainer"], "ghost_batch_size": 4}}, world_size=2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ghost_batch_norm_normalizes_the_same_groups_on_two_processes(tmp_path: Path) -> None:
     """Virtual batches of 8 lie inside each rank's 16 examples, so 2 ranks normalize the groups 1
