@@ -6,6 +6,7 @@ recorded relative to the root, so nodes that mount the shared root at different 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 
 
@@ -58,3 +59,27 @@ def resolve_checkpoint(root: Path, trial_id: int, uri: str) -> Path:
     if not resolved.is_relative_to(allowed):
         raise ArtifactPathError(f"checkpoint uri {uri!r} is outside {allowed}")
     return resolved
+
+
+_STEP_IN_NAME = re.compile(r"step-(\d+)")
+
+
+def fallback_checkpoint(missing: Path, max_step: int) -> Path | None:
+    """The newest checkpoint beside `missing` whose name says `step-N` with N <= `max_step`.
+
+    The trainer prunes checkpoints that are neither among the best nor the newest, while the
+    reporter records a checkpoint only after the points it covers were delivered; so the server's
+    newest record can name a file already pruned when a worker dies. Resuming from an older kept
+    checkpoint replays the steps in between, which the idempotent metric upsert absorbs: still no
+    gap and no duplicate."""
+    best: tuple[int, Path] | None = None
+    if not missing.parent.is_dir():
+        return None
+    for path in missing.parent.iterdir():
+        match = _STEP_IN_NAME.search(path.name)
+        if match is None or ".tmp" in path.name or not path.is_file():
+            continue
+        step = int(match.group(1))
+        if step <= max_step and (best is None or step > best[0]):
+            best = (step, path)
+    return None if best is None else best[1]

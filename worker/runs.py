@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .artifacts import ArtifactPathError, attempt_dir, relative_attempt_path, resolve_checkpoint
+from .artifacts import ArtifactPathError, attempt_dir, fallback_checkpoint, relative_attempt_path, resolve_checkpoint
 from .capacity import Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
 from .runner import Execution, Outcome, TrialJob
@@ -80,10 +80,14 @@ def _resume_path(claim: dict[str, Any], root: Path, trial_id: int) -> Path | Non
     except ArtifactPathError as exc:
         _log.warning("trial %d: not resuming: %s", trial_id, exc)
         return None
-    if not path.exists():
+    if path.exists():
+        return path
+    fallback = fallback_checkpoint(path, int(resume.get("step", -1)))
+    if fallback is None:
         _log.warning("trial %d: checkpoint %s is not on this node; starting from scratch", trial_id, path)
-        return None
-    return path
+    else:
+        _log.warning("trial %d: checkpoint %s is gone; resuming from the older %s", trial_id, path, fallback.name)
+    return fallback
 
 
 def verdict(outcome: Outcome, stop_reason: str | None) -> tuple[str, str, int | None] | None:

@@ -62,6 +62,20 @@ def fake_twins() -> tuple[dict[str, Any], str, int, int]:
     return spec, "tests.worker.fake_trainer:train", 150, 10
 
 
+def real_twins() -> tuple[dict[str, Any], str, int, int]:
+    """The real trainer, with dropout so that the resumed run must restore every RNG state."""
+    spec = twin_study(
+        {"workload": "synthetic_mlp", "max_train_steps": 1500, "eval_every_steps": 100, "keep_best_checkpoints": 2},
+        {"learning_rate": 0.003},
+        [
+            {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 1e-4, "max": 1e-1, "scale": "log"},
+            {"name": "optimizer", "role": "fixed", "value": "adam"},
+            {"name": "dropout", "role": "fixed", "value": 0.1},
+        ],
+    )
+    return spec, "hpo.trainer:train", 1500, 100
+
+
 def start_worker(url: str, ray_address: str, settings: Settings, trainer: str) -> subprocess.Popen[bytes]:
     """`hpo worker` as its own process, one trial at a time, joining the session's Ray instance."""
     command = [
@@ -124,7 +138,7 @@ def first_step_of(settings: Settings, trial_id: int, attempt: int) -> int:
     return int(json.loads(log.read_text().splitlines()[0])["step"])
 
 
-@pytest.mark.parametrize("twins", [fake_twins], ids=["fake-trainer"])
+@pytest.mark.parametrize("twins", [fake_twins, real_twins], ids=["fake-trainer", "real-trainer"])
 def test_sigkilled_worker_lease_lapses_and_another_worker_resumes(server: Any, ray_address: str, twins: Any) -> None:
     live, http, settings = server
     spec, trainer, steps, every = twins()
@@ -148,7 +162,7 @@ def test_sigkilled_worker_lease_lapses_and_another_worker_resumes(server: Any, r
     assert_same_as_twin(http, victim, twin, steps)
 
 
-@pytest.mark.parametrize("twins", [fake_twins], ids=["fake-trainer"])
+@pytest.mark.parametrize("twins", [fake_twins, real_twins], ids=["fake-trainer", "real-trainer"])
 def test_sigterm_checkpoints_gives_the_trial_back_and_exits(server: Any, ray_address: str, twins: Any) -> None:
     live, http, settings = server
     spec, trainer, steps, every = twins()

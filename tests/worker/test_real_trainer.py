@@ -82,7 +82,9 @@ def test_diverging_trial_is_infeasible_and_unknown_workload_is_a_config_failure(
     diverging = small(DEMO, "diverging")
     # Nesterov momentum at lr 1e6 overflows within a few steps (Adam's update is bounded by the
     # rate itself, so it can stay finite, just useless).
-    kept = [h for h in diverging["hyperparameters"] if h["name"] != "learning_rate" and "adam" not in str(h.get("when"))]
+    kept = [
+        h for h in diverging["hyperparameters"] if h["name"] != "learning_rate" and "adam" not in str(h.get("when"))
+    ]
     diverging["hyperparameters"] = [*kept, {"name": "learning_rate", "role": "fixed", "value": 1e6}]
     diverging["hyperparameters"][0]["values"] = ["nesterov"]
     diverging_study = create_study(http, diverging)

@@ -62,6 +62,17 @@ def scripted(answers: list[Any], seen: list[httpx.Request]) -> httpx.MockTranspo
     return httpx.MockTransport(handle)
 
 
+def test_a_pruned_checkpoint_falls_back_to_the_newest_older_one(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step in (100, 200, 400):
+        (folder / f"step-{step:08d}.pt").write_bytes(b"x")
+    (folder / "step-00000250.pt.tmp123").write_bytes(b"half")
+    assert artifacts.fallback_checkpoint(folder / "step-00000300.pt", 300) == folder / "step-00000200.pt"
+    assert artifacts.fallback_checkpoint(folder / "step-00000300.pt", 99) is None
+    assert artifacts.fallback_checkpoint(tmp_path / "nowhere" / "step-1.pt", 300) is None
+
+
 def test_client_retries_transient_failures_with_backoff() -> None:
     seen: list[httpx.Request] = []
     answers = [httpx.ConnectError("down"), httpx.Response(503), httpx.Response(200, json={"should_stop": False})]
