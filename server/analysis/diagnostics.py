@@ -147,10 +147,15 @@ def training_loss_rising(train: Curve) -> Finding | None:
         return None
     t = smooth(train.values)
     b = int(np.argmin(t))
-    span, rise = float(np.ptp(t)), float(t[-1] - t[b])
-    if len(t) - b < 3 or span == 0 or rise <= max(TRAIN_RISE * span, NOISE_CLEARANCE * smoothed_noise(train.values)):
+    # The end level is the median of the last half-window of raw points: `smooth` pads the edge
+    # with the last value, which would make its last point that one noisy step.
+    tail = (window(len(t)) // 2) | 1
+    end = float(np.median(train.values[-tail:]))
+    span, rise = float(np.ptp(t)), end - float(t[b])
+    clearance = NOISE_CLEARANCE * noise(train.values) * 1.25 / float(np.sqrt(tail))
+    if len(t) - b < 3 or span == 0 or rise <= max(TRAIN_RISE * span, clearance):
         return None
-    return Finding("training_loss_rising", {"min_step": train.steps[b], "min": t[b], "end": t[-1]})
+    return Finding("training_loss_rising", {"min_step": train.steps[b], "min": t[b], "end": end})
 
 
 def window(n: int) -> int:
