@@ -133,9 +133,14 @@ def reap_expired(db: Database) -> int:
 def _reap(session: Session, db: Database) -> int:
     max_attempts = select(Study.max_attempts).where(Study.id == Trial.study_id).scalar_subquery()
     exhausted = Trial.failures + 1 >= max_attempts
+    expired = select(Trial.id).where(Trial.status == TrialStatus.running, Trial.lease_expires_at < db.now_seconds())
+    if not db.is_sqlite:
+        # Rows another reaper (or a claim, a heartbeat) holds are skipped, not waited for: two
+        # transactions locking the same expired rows in different orders would deadlock.
+        expired = expired.with_for_update(skip_locked=True)
     result = session.execute(
         update(Trial)
-        .where(Trial.status == TrialStatus.running, Trial.lease_expires_at < db.now_seconds())
+        .where(Trial.id.in_(expired.scalar_subquery()))
         .values(
             status=case((exhausted, TrialStatus.failed.value), else_=TrialStatus.pending.value),
             failures=Trial.failures + 1,

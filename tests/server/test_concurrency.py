@@ -9,7 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import select
 
+from hpo.server import leases, studies
+from hpo.server.db import Database
+from hpo.server.models import Trial
 from hpo.settings import Settings
 from tests.conftest import LiveServer
 from tests.server.factories import study_spec
@@ -70,3 +74,46 @@ def test_16_claimers_on_sqlite_claim_each_trial_once(tmp_path: Path) -> None:
         _study_with_400_trials(server.url)
         claimed = _claim_everything(server.url, 16)
     assert len(claimed) == 400 and max(Counter(claimed).values()) == 1
+
+
+@pytest.mark.postgres
+def test_concurrent_reaping_of_expired_leases_never_deadlocks(postgres_url: str) -> None:
+    """Every claim reaps expired leases first. With leases that expire at once, 32 claimers reap
+    the same rows together: the reaper must skip rows others hold instead of deadlocking."""
+    db = Database(postgres_url)
+    db.upgrade()
+    try:
+        spec = study_spec(
+            name="lapsing",
+            num_trials=200,
+            max_attempts=2,
+            hyperparameters=[
+                {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 1e-4, "max": 1.0, "scale": "log"}
+            ],
+        )
+        study_id = studies.create_study(db, spec).id
+        errors: list[BaseException] = []
+
+        def run(worker: int) -> None:
+            try:
+                while leases.claim(db, f"w{worker}", 4, 0, lease_seconds=0.0) is not None:
+                    pass
+            except BaseException as exc:  # noqa: BLE001 (recorded and asserted below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(32)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        leases.reap_expired(db)
+        while leases.claim(db, "drain", 4, 0, lease_seconds=0.0) is not None:
+            pass
+        leases.reap_expired(db)
+        with db.transaction() as session:
+            rows = session.execute(select(Trial.status, Trial.failures).where(Trial.study_id == study_id)).all()
+        assert len(rows) == 200
+        assert {(status.value, failures) for status, failures in rows} == {("failed", 2)}
+    finally:
+        db.dispose()
