@@ -171,6 +171,7 @@ class Run:
             device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=device_ids, broadcast_buffers=False)
         self.optimizer = build_optimizer(self.model, self.h)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]  # listed once, not every step
         # Per-rank seeds: dropout (the global generator) and augmentation differ across ranks
         # (playbook 000, "Considerations for multi-host pipelines").
         torch.manual_seed(derive_seed(cfg.seed, "dropout", ctx.rank))
@@ -337,17 +338,21 @@ class Run:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.workload.loss(self.ddp(inputs), labels, self.h.label_smoothing).mean()
         loss.backward()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        params = [p for p in self.params if p.grad is not None]
+        grad_norm = _global_norm([p.grad for p in params if p.grad is not None])
         clip = self.h.grad_clip_norm
         clipped = clip is not None and bool(grad_norm > clip)
         if clip is not None and clipped:
             torch.nn.utils.clip_grads_with_norm_(params, clip, grad_norm)
-        # One small collective per step: the global mean loss, and rank 0's stop request.
-        stop_flag = 1.0 if self.ctx.is_main and self.reporter.should_stop() else 0.0
-        shared = torch.tensor([loss.detach().item() / self.ctx.world_size, stop_flag], dtype=torch.float64)
-        distributed.all_reduce_sum(shared, self.ctx)
-        global_loss, norm = float(shared[0]), float(grad_norm)
+        stop = self.ctx.is_main and self.reporter.should_stop()
+        if self.ctx.distributed:
+            # One small collective per step: the global mean loss, and rank 0's stop request.
+            shared = torch.tensor([loss.detach().item() / self.ctx.world_size, float(stop)], dtype=torch.float64)
+            distributed.all_reduce_sum(shared, self.ctx)
+            global_loss, stop = float(shared[0]), bool(shared[1] > 0)
+        else:
+            global_loss = loss.item()
+        norm = float(grad_norm)
         if self.step == 0 and self.settings.sanity_checks:
             self.check_initial_loss(global_loss)
         if not math.isfinite(global_loss):
@@ -363,7 +368,7 @@ class Run:
         values = {"train/loss": global_loss, "train/grad_norm": norm, "train/learning_rate": lr}
         if clip is not None:
             values["train/clipped_fraction"] = self.history.clipped_steps / self.step
-        return values, bool(shared[1] > 0)
+        return values, stop
 
     def evaluate(self) -> dict[str, float]:
         average_buffers(self.model, self.ctx)
@@ -430,6 +435,15 @@ class Run:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             result.write(self.out_dir / RESULT_FILE)
         return result
+
+
+def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of all gradients together, as `torch.nn.utils.get_total_norm` computes it on a
+    GPU (`torch._foreach_norm`, then the norm of those norms). On the CPU `get_total_norm` groups
+    by device and dtype and takes one norm per tensor, which costs more than a small model's step."""
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
 
 class _Window:

@@ -37,6 +37,9 @@ def build_optimizer(model: nn.Module, h: Hyperparameters) -> torch.optim.Optimiz
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": h.weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
+    if h.weight_decay == 0:
+        # Nothing to split: one group (each group costs the optimizer a pass of Python per step).
+        groups = [{"params": params, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     lr, betas, eps = h.learning_rate, (h.beta1, h.beta2), h.epsilon
     if h.optimizer in ("sgd", "momentum", "nesterov"):

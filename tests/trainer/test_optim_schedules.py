@@ -69,6 +69,13 @@ def test_optimizer_reads_the_playbook_hyperparameters(name: str, cls: type, chec
     assert sum(len(g["params"]) for g in optimizer.param_groups) == 6
 
 
+def test_without_weight_decay_every_parameter_is_in_one_group() -> None:
+    model = _model()
+    optimizer = build_optimizer(model, Hyperparameters(optimizer="adam", weight_decay=0.0))
+    assert len(optimizer.param_groups) == 1
+    assert optimizer.param_groups[0]["params"] == list(model.parameters())
+
+
 def test_hyperparameters_the_optimizer_does_not_read_are_warned_about(tmp_path: Path) -> None:
     assert unused_hyperparameters(Hyperparameters(optimizer="adam"), {"momentum", "learning_rate"}) == ["momentum"]
     assert unused_hyperparameters(Hyperparameters(optimizer="nesterov"), {"momentum", "beta2"}) == ["beta2"]
