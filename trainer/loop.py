@@ -306,6 +306,7 @@ class Run:
         window = _Window()
         while self.step < total:
             values, stop = self.train_step(window)
+            stop = stop and self.step < total  # a stop during the last step finds the run complete
             if self.step % self.settings.log_every_steps == 0 or self.step == total:
                 values.update(window.take(self.h.batch_size))
                 self.examples_per_second = values["train/examples_per_second"]

@@ -25,7 +25,8 @@ class RunResult:
       first evaluation.
     - `checkpoint_dir`: `out_dir/checkpoints`; `best_checkpoint`: the kept checkpoint at
       `best_step`, when one exists.
-    - `examples_per_second`: mean training throughput of this call (all ranks together).
+    - `examples_per_second`: training throughput (all ranks together) over the last logging window,
+      the steps since the log line before the last (`log_every_steps`); None if no step ran.
     - `warnings`: sanity-check findings (initial loss far from chance, could not overfit a batch).
     - `final_metrics`: the metrics of the last evaluation."""
 

@@ -206,3 +206,10 @@ def test_torn_metrics_past_the_checkpoint_are_dropped_on_resume(tmp_path: Path) 
         handle.write('{"step": 11, "name": "train/loss", "value": 9.0}\n{"step": 12, "name": "train/lo')
     train(config, out)
     assert _comparable(out) == _comparable(reference)
+
+
+def test_a_stop_on_the_last_step_still_completes(tmp_path: Path) -> None:
+    """The run reached max_train_steps: it is complete, not a stopped run to resume later."""
+    result = train(make_config(trainer={"max_train_steps": 10}), tmp_path, StopAt(9))
+    assert (result.status, result.step) == ("completed", 10)
+    assert result.final_metrics["valid/examples"] == 256
