@@ -63,12 +63,16 @@ def layout_trials(spec: StudySpec, start_index: int, count: int) -> list[TrialDr
     if count <= 0:
         return []
     points = _unit_points(spec, start_index, count)
+    names = dimensions(spec)
+    # Which declarations apply to each arm is the same at every point: work it out once.
+    per_arm = [(arm, [hp for hp in spec.hyperparameters if not hp.crossed and hp.holds(arm)]) for arm in arms(spec)]
     drafts = []
     for offset, unit in enumerate(points):
         index = start_index + offset
         seed = trial_seed(spec.seed, index)
-        for arm in arms(spec):
-            drafts.append(TrialDraft(arm, resolve_params(spec, arm, unit), index, unit, seed))
+        position = dict(zip(names, unit, strict=True))
+        for arm, declarations in per_arm:
+            drafts.append(TrialDraft(arm, _params_at(arm, declarations, position), index, unit, seed))
     return drafts
 
 
@@ -76,11 +80,13 @@ def resolve_params(spec: StudySpec, arm: dict[str, Any], unit: list[float]) -> d
     """Every hyperparameter for an arm at a unit point: scientific (the arm's values), sampled
     ones, fixed ones; a conditional one only where its `when` holds. Every declaration of a name
     maps the same unit value through its own range."""
-    position = {name: u for name, u in zip(dimensions(spec), unit, strict=True)}
+    declarations = [hp for hp in spec.hyperparameters if not hp.crossed and hp.holds(arm)]
+    return _params_at(arm, declarations, dict(zip(dimensions(spec), unit, strict=True)))
+
+
+def _params_at(arm: dict[str, Any], declarations: list[Hyperparameter], position: dict[str, float]) -> dict[str, Any]:
     params: dict[str, Any] = dict(arm)
-    for hp in spec.hyperparameters:
-        if hp.crossed or not hp.holds(arm):
-            continue
+    for hp in declarations:
         params[hp.name] = hp.value if hp.role == "fixed" else map_unit(hp, position[hp.name])
     return params
 

@@ -5,6 +5,8 @@ raises the service's errors (`InvalidInput`, `NotFound`, `AlreadyExists`, `Confl
 
 from __future__ import annotations
 
+import enum
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -132,7 +134,35 @@ def _insert_trials(
     ]
     if not rows:
         return []
-    return list(session.scalars(insert(Trial).returning(Trial.id, sort_by_parameter_order=True), rows))
+    if session.get_bind().dialect.name == "postgresql":
+        _copy_trials(session, rows)
+    else:
+        session.execute(insert(Trial), rows)
+    numbers = select(Trial.id).where(Trial.study_id == study.id, Trial.number >= first_number).order_by(Trial.number)
+    return list(session.scalars(numbers))
+
+
+_JSON_COLUMNS = ("arm", "params", "unit_point")
+
+
+def _copy_trials(session: Session, rows: list[dict[str, Any]]) -> None:
+    """COPY into trials inside the session's transaction: a 10,000-trial study costs one round
+    trip instead of 10,000 INSERTs (or one huge multi-VALUES statement)."""
+    columns = list(rows[0])
+    driver = session.connection().connection.driver_connection
+    with driver.cursor() as cursor, cursor.copy(f"COPY trials ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row([_copy_value(column, row[column]) for column in columns])
+
+
+def _copy_value(column: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if column in _JSON_COLUMNS:
+        return json.dumps(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
 
 
 def _next_point_index(drafts: Sequence[layout.TrialDraft], current: int) -> int:
