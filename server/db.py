@@ -64,7 +64,9 @@ class Database:
         against it, so server processes and workers never need agreeing clocks."""
         if self.is_sqlite:
             return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
-        return literal_column("extract(epoch from clock_timestamp())::double precision")
+        # statement_timestamp() rather than clock_timestamp(): stable within a statement, so the
+        # reaper's `lease_expires_at < now` can be an index condition.
+        return literal_column("extract(epoch from statement_timestamp())::double precision")
 
     def upgrade(self) -> None:
         """Brings the schema to the newest migration, exactly once however many servers start at

@@ -38,7 +38,7 @@ def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds:
         if not db.is_sqlite:
             candidate = candidate.with_for_update(of=Trial, skip_locked=True)
         lease_id = str(uuid.uuid4())
-        claimed = session.execute(
+        trial = session.scalar(
             update(Trial)
             .where(Trial.id == candidate.scalar_subquery())
             .values(
@@ -49,16 +49,17 @@ def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds:
                 worker_id=worker_id,
                 started_at=func.coalesce(Trial.started_at, func.now()),
             )
-            .returning(Trial.id, Trial.lease_expires_at)
+            .returning(Trial)
             .execution_options(synchronize_session=False)
-        ).first()
-        if claimed is None:
+        )
+        if trial is None:
             return None
-        trial = session.get_one(Trial, claimed.id)
         study = session.get_one(Study, trial.study_id)
-        resume = _resume_point(session, trial)
-        _truncate_history(session, trial, study, None if resume is None else resume.step)
-        return _claim_answer(trial, study, claimed.lease_expires_at, lease_seconds, resume)
+        resume = None
+        if trial.attempt > 1:  # a first attempt has no checkpoint to resume and no history to cut
+            resume = _resume_point(session, trial)
+            _truncate_history(session, trial, study, None if resume is None else resume.step)
+        return _claim_answer(trial, study, float(trial.lease_expires_at or 0.0), lease_seconds, resume)
 
 
 def heartbeat(db: Database, trial_id: int, lease_id: str, lease_seconds: float) -> HeartbeatAnswer:

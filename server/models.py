@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -101,12 +102,18 @@ class Study(Base):
     )
 
 
+_PENDING = text("status = 'pending'")
+_RUNNING = text("status = 'running'")
+
+
 class Trial(Base):
     __tablename__ = "trials"
     __table_args__ = (
         UniqueConstraint("study_id", "number"),
-        Index("ix_trials_status_id", "status", "id"),
-        Index("ix_trials_lease_expires_at", "lease_expires_at"),
+        # Partial indexes keep the claim's "oldest pending" and the reaper's "expired running"
+        # lookups O(1) however many trials a study has already run.
+        Index("ix_trials_pending_id", "id", postgresql_where=_PENDING, sqlite_where=_PENDING),
+        Index("ix_trials_running_lease", "lease_expires_at", postgresql_where=_RUNNING, sqlite_where=_RUNNING),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -73,8 +73,10 @@ def upgrade() -> None:
     sa.UniqueConstraint('study_id', 'number', name=op.f('uq_trials_study_id_number'))
     )
     with op.batch_alter_table('trials', schema=None) as batch_op:
-        batch_op.create_index('ix_trials_lease_expires_at', ['lease_expires_at'], unique=False)
-        batch_op.create_index('ix_trials_status_id', ['status', 'id'], unique=False)
+        batch_op.create_index('ix_trials_pending_id', ['id'], unique=False,
+                              postgresql_where=sa.text("status = 'pending'"), sqlite_where=sa.text("status = 'pending'"))
+        batch_op.create_index('ix_trials_running_lease', ['lease_expires_at'], unique=False,
+                              postgresql_where=sa.text("status = 'running'"), sqlite_where=sa.text("status = 'running'"))
         batch_op.create_index(batch_op.f('ix_trials_study_id'), ['study_id'], unique=False)
 
     op.create_table('checkpoints',
@@ -111,8 +113,8 @@ def downgrade() -> None:
     op.drop_table('checkpoints')
     with op.batch_alter_table('trials', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_trials_study_id'))
-        batch_op.drop_index('ix_trials_status_id')
-        batch_op.drop_index('ix_trials_lease_expires_at')
+        batch_op.drop_index('ix_trials_running_lease')
+        batch_op.drop_index('ix_trials_pending_id')
 
     op.drop_table('trials')
     op.drop_table('studies')
