@@ -1,7 +1,7 @@
 """Trainer overhead: steps per second of `hpo.trainer.train` against a bare PyTorch loop on the same
 model, data, batch size and optimizer, on one CPU thread.
 
-    .venv/bin/python bench/trainer_overhead.py [--steps 1000] [--rounds 5] [--batch-size 128] [--width 256]
+    .venv/bin/python bench/trainer_overhead.py [--steps 800] [--rounds 5] [--batch-size 128] [--width 256]
 
 - The model is the `synthetic_mlp` workload's MLP (its defaults: 32 features, 10 classes, 2 hidden
   layers of `--width`), built through the workload from the same seed; the data is its training
@@ -164,7 +164,7 @@ def run_interleaved(args: argparse.Namespace) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1000, help="training steps per run (default 1000)")
+    parser.add_argument("--steps", type=int, default=800, help="training steps per run (default 800)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of bare, hpo and interleaved runs (default 5)")
     parser.add_argument("--batch-size", type=int, default=128, help="batch size (default 128)")
     parser.add_argument("--width", type=int, default=256, help="hidden width of the MLP (default 256)")
