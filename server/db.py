@@ -6,6 +6,7 @@ driver errors into the service's own `StorageError` (Optuna's storage does the s
 from __future__ import annotations
 
 import fcntl
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -32,6 +33,7 @@ class Database:
         self.is_sqlite = url.startswith("sqlite")
         self.engine = _make_engine(url, echo=echo)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._next_reap = 0.0
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -62,11 +64,24 @@ class Database:
     def now_seconds(self) -> ColumnElement[float]:
         """The database clock in seconds since the epoch, as an SQL expression. Leases compare
         against it, so server processes and workers never need agreeing clocks."""
-        if self.is_sqlite:
+        return self.clock(self.is_sqlite)
+
+    @staticmethod
+    def clock(sqlite: bool) -> ColumnElement[float]:
+        if sqlite:
             return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
         # statement_timestamp() rather than clock_timestamp(): stable within a statement, so the
         # reaper's `lease_expires_at < now` can be an index condition.
         return literal_column("extract(epoch from statement_timestamp())::double precision")
+
+    def reap_due(self, interval: float = 1.0) -> bool:
+        """True at most once per `interval` seconds in this process: claims reap expired leases
+        that often, not at every call (a race here only reaps twice, which is harmless)."""
+        now = time.monotonic()
+        if now < self._next_reap:
+            return False
+        self._next_reap = now + interval
+        return True
 
     def upgrade(self) -> None:
         """Brings the schema to the newest migration, exactly once however many servers start at

@@ -7,10 +7,12 @@ lease times come from the database clock."""
 
 from __future__ import annotations
 
+import functools
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, select, update
+from sqlalchemy import Double, and_, bindparam, case, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from . import objective
@@ -24,42 +26,74 @@ def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds:
     """Leases the oldest pending trial of an active study whose footprint fits the offered
     resources, with a new fencing `lease_id`; None when there is none. Two calls never get the
     same trial. Points above the resume step are deleted, so the resumed history has no gap and
-    no duplicate."""
+    no duplicate.
+
+    The hot path is one statement (pick, lease and read the study, with `FOR UPDATE SKIP LOCKED`
+    on Postgres), built once per dialect; expired leases are reaped here at most once a second per
+    process (and by the background reaper), not at every claim."""
+    params = {"lease_id": str(uuid.uuid4()), "worker_id": worker_id, "cpus": cpus, "gpus": gpus}
     with db.transaction() as session:
-        _reap(session, db)
-        candidate = (
-            select(Trial.id)
-            .join(Study, Study.id == Trial.study_id)
-            .where(Trial.status == TrialStatus.pending, Study.status == StudyStatus.active)
-            .where(Study.cpus_needed <= cpus, Study.gpus_needed <= gpus)
-            .order_by(Trial.id)
-            .limit(1)
-        )
-        if not db.is_sqlite:
-            candidate = candidate.with_for_update(of=Trial, skip_locked=True)
-        lease_id = str(uuid.uuid4())
-        trial = session.scalar(
-            update(Trial)
-            .where(Trial.id == candidate.scalar_subquery())
-            .values(
-                status=TrialStatus.running,
-                lease_id=lease_id,
-                lease_expires_at=db.now_seconds() + lease_seconds,
-                attempt=Trial.attempt + 1,
-                worker_id=worker_id,
-                started_at=func.coalesce(Trial.started_at, func.now()),
-            )
-            .returning(Trial)
-            .execution_options(synchronize_session=False)
-        )
-        if trial is None:
+        reaped = db.reap_due() and _reap(session, db) >= 0
+        row = session.execute(_claim_statement(db.is_sqlite), {**params, "lease_seconds": lease_seconds}).first()
+        if row is None and not reaped and _reap(session, db):
+            # Nothing pending, but some leases had lapsed: those trials are claimable now.
+            row = session.execute(_claim_statement(db.is_sqlite), {**params, "lease_seconds": lease_seconds}).first()
+        if row is None:
             return None
-        study = session.get_one(Study, trial.study_id)
+        if db.is_sqlite:
+            study = session.execute(
+                select(Study.spec, Study.objective_metric, Study.objective_mode).where(Study.id == row.study_id)
+            ).one()
+            row = SimpleNamespace(**row._mapping, **study._mapping)
         resume = None
-        if trial.attempt > 1:  # a first attempt has no checkpoint to resume and no history to cut
-            resume = _resume_point(session, trial)
-            _truncate_history(session, trial, study, None if resume is None else resume.step)
-        return _claim_answer(trial, study, float(trial.lease_expires_at or 0.0), lease_seconds, resume)
+        if row.attempt > 1:  # a first attempt has no checkpoint to resume and no history to cut
+            resume = _resume_point(session, row.id, row.restart_after_attempt, row.attempt)
+            _truncate_history(session, row.id, row.objective_metric, row.objective_mode, resume)
+        return _claim_answer(row, lease_seconds, resume)
+
+
+@functools.cache
+def _claim_statement(sqlite: bool) -> Any:
+    now = Database.clock(sqlite)
+    candidate = (
+        select(Trial.id)
+        .join(Study, Study.id == Trial.study_id)
+        .where(Trial.status == TrialStatus.pending, Study.status == StudyStatus.active)
+        .where(Study.cpus_needed <= bindparam("cpus"), Study.gpus_needed <= bindparam("gpus"))
+        .order_by(Trial.id)
+        .limit(1)
+    )
+    if not sqlite:
+        candidate = candidate.with_for_update(of=Trial, skip_locked=True)
+    trial_columns = (
+        Trial.id,
+        Trial.study_id,
+        Trial.number,
+        Trial.arm,
+        Trial.params,
+        Trial.seed,
+        Trial.attempt,
+        Trial.restart_after_attempt,
+        Trial.lease_id,
+        Trial.lease_expires_at,
+    )
+    # SQLite's RETURNING sees only the updated table; there the study is read separately.
+    study_columns = () if sqlite else (Study.spec, Study.objective_metric, Study.objective_mode)
+    joined = () if sqlite else (Study.id == Trial.study_id,)
+    return (
+        update(Trial)
+        .where(Trial.id == candidate.scalar_subquery(), *joined)
+        .values(
+            status=TrialStatus.running,
+            lease_id=bindparam("lease_id"),
+            lease_expires_at=now + bindparam("lease_seconds", type_=Double),
+            attempt=Trial.attempt + 1,
+            worker_id=bindparam("worker_id"),
+            started_at=func.coalesce(Trial.started_at, func.now()),
+        )
+        .returning(*trial_columns, *study_columns)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def heartbeat(db: Database, trial_id: int, lease_id: str, lease_seconds: float) -> HeartbeatAnswer:
@@ -189,44 +223,44 @@ def _count_error(study: Study) -> None:
         study.status = StudyStatus.paused
 
 
-def _resume_point(session: Session, trial: Trial) -> Checkpoint | None:
+def _resume_point(session: Session, trial_id: int, restart_after_attempt: int, attempt: int) -> Checkpoint | None:
     """The newest checkpoint of an earlier attempt that may be resumed (none after an `error`)."""
     return session.scalar(
         select(Checkpoint)
-        .where(Checkpoint.trial_id == trial.id)
-        .where(and_(Checkpoint.attempt > trial.restart_after_attempt, Checkpoint.attempt < trial.attempt))
+        .where(Checkpoint.trial_id == trial_id)
+        .where(and_(Checkpoint.attempt > restart_after_attempt, Checkpoint.attempt < attempt))
         .order_by(Checkpoint.step.desc(), Checkpoint.attempt.desc())
         .limit(1)
     )
 
 
-def _truncate_history(session: Session, trial: Trial, study: Study, resume_step: int | None) -> None:
-    points = delete(MetricPoint).where(MetricPoint.trial_id == trial.id)
-    if resume_step is not None:
-        points = points.where(MetricPoint.step > resume_step)
+def _truncate_history(session: Session, trial_id: int, metric: str, mode: str, resume: Checkpoint | None) -> None:
+    points = delete(MetricPoint).where(MetricPoint.trial_id == trial_id)
+    if resume is not None:
+        points = points.where(MetricPoint.step > resume.step)
     session.execute(points)
-    objective.refresh(session, trial.id, study.objective_metric, study.objective_mode)
+    objective.refresh(session, trial_id, metric, mode)
 
 
-def _claim_answer(trial: Trial, study: Study, expires: float, lease_seconds: float, resume: Checkpoint | None) -> Claim:
-    spec: dict[str, Any] = study.spec
+def _claim_answer(row: Any, lease_seconds: float, resume: Checkpoint | None) -> Claim:
+    spec: dict[str, Any] = row.spec
     config = {
-        "params": trial.params,
+        "params": row.params,
         "trainer": spec.get("trainer", {}),
-        "seed": trial.seed,
-        "objective": spec.get("objective", {"metric": study.objective_metric, "mode": study.objective_mode}),
+        "seed": row.seed,
+        "objective": spec.get("objective", {"metric": row.objective_metric, "mode": row.objective_mode}),
         "resources": spec.get("resources", {}),
     }
     return Claim(
-        trial_id=trial.id,
-        study_id=study.id,
-        number=trial.number,
-        lease_id=trial.lease_id or "",
-        lease_expires_at=expires,
+        trial_id=row.id,
+        study_id=row.study_id,
+        number=row.number,
+        lease_id=row.lease_id or "",
+        lease_expires_at=float(row.lease_expires_at or 0.0),
         lease_seconds=lease_seconds,
-        attempt=trial.attempt,
-        arm=trial.arm,
+        attempt=row.attempt,
+        arm=row.arm,
         config=config,
         resume_from=None if resume is None else {"step": resume.step, "uri": resume.uri, "attempt": resume.attempt},
-        artifact_path=f"trials/{trial.id}/attempt-{trial.attempt}",
+        artifact_path=f"trials/{row.id}/attempt-{row.attempt}",
     )
