@@ -16,6 +16,8 @@ Needs the `bench` extra (optuna) for the reference half.
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import multiprocessing as mp
 import os
 import subprocess
@@ -94,45 +96,69 @@ def run_parallel(target: Callable[..., Any], args_list: list[tuple[Any, ...]]) -
     return results, wall
 
 
-def claimer(url: str, worker: int, barrier: Any, queue: Any) -> None:
+class JsonClient:
+    """A keep-alive HTTP/1.1 client on the standard library. The load generators share the two
+    cores with the server, and httpx costs several times more CPU per request (on this machine 16
+    httpx processes top out near 800 GET /healthz per second, stdlib ones near 2,100), so with it
+    the benchmark would mostly measure its own clients. `--httpx` uses httpx anyway."""
+
+    def __init__(self, url: str, use_httpx: bool) -> None:
+        self.url, self.use_httpx = url, use_httpx
+        if use_httpx:
+            self.httpx = httpx.Client(base_url=url, timeout=60)
+        else:
+            host, port = url.split("//")[1].split(":")
+            self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+
+    def post(self, path: str, body: Any) -> tuple[int, Any]:
+        if self.use_httpx:
+            response = self.httpx.post(path, json=body)
+            return response.status_code, response.json() if response.content else None
+        self.conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+        response = self.conn.getresponse()
+        raw = response.read()
+        return response.status, json.loads(raw) if raw else None
+
+
+def claimer(url: str, worker: int, use_httpx: bool, barrier: Any, queue: Any) -> None:
     latencies, claimed = [], []
-    with httpx.Client(base_url=url, timeout=30) as http:
-        barrier.wait()
-        while True:
-            started = time.perf_counter()
-            response = http.post("/api/v1/workers/claim", json={"worker_id": f"w{worker}", "resources": {"cpus": 8}})
-            latencies.append(time.perf_counter() - started)
-            if response.status_code != 200:
-                break
-            body = response.json()
-            claimed.append((body["trial_id"], tuple(sorted(body["config"]["params"].items()))))
+    client = JsonClient(url, use_httpx)
+    barrier.wait()
+    while True:
+        started = time.perf_counter()
+        code, body = client.post("/api/v1/workers/claim", {"worker_id": f"w{worker}", "resources": {"cpus": 8}})
+        latencies.append(time.perf_counter() - started)
+        if code != 200:
+            break
+        claimed.append((body["trial_id"], tuple(sorted(body["config"]["params"].items()))))
     queue.put((latencies, claimed))
 
 
-def reporter(url: str, trial_id: int, lease_id: str, batches: int, batch_size: int, barrier: Any, queue: Any) -> None:
-    with httpx.Client(base_url=url, timeout=60) as http:
-        payloads = []
-        for b in range(batches):
-            points = [
-                {"step": b * batch_size + i, "name": "train/loss", "value": 1.0 / (1 + i)} for i in range(batch_size)
-            ]
-            payloads.append({"lease_id": lease_id, "points": points})
-        barrier.wait()
-        sent = 0
-        for payload in payloads:
-            response = http.post(f"/api/v1/trials/{trial_id}/metrics", json=payload)
-            response.raise_for_status()
-            sent += len(payload["points"])
+def reporter(
+    url: str, trial_id: int, lease_id: str, batches: int, batch_size: int, use_httpx: bool, barrier: Any, queue: Any
+) -> None:
+    client = JsonClient(url, use_httpx)
+    payloads = []
+    for b in range(batches):
+        points = [{"step": b * batch_size + i, "name": "train/loss", "value": 1.0 / (1 + i)} for i in range(batch_size)]
+        payloads.append({"lease_id": lease_id, "points": points})
+    barrier.wait()
+    sent = 0
+    for payload in payloads:
+        code, body = client.post(f"/api/v1/trials/{trial_id}/metrics", payload)
+        if code != 200:
+            raise SystemExit(f"metrics refused: {code} {body}")
+        sent += len(payload["points"])
     queue.put(sent)
 
 
-def bench_hpo(url: str, claimers: int, reporters: int) -> dict[str, float]:
+def bench_hpo(url: str, claimers: int, reporters: int, use_httpx: bool) -> dict[str, float]:
     http = httpx.Client(base_url=url, timeout=120)
     started = time.perf_counter()
     created = http.post("/api/v1/studies", json={"name": "dispatch", "num_trials": 10_000, "hyperparameters": SPACE})
     creation_s = time.perf_counter() - started
     created.raise_for_status()
-    results, wall = run_parallel(claimer, [(url, i) for i in range(claimers)])
+    results, wall = run_parallel(claimer, [(url, i, use_httpx) for i in range(claimers)])
     latencies = [lat for lats, _ in results for lat in lats]
     claimed = [c for _, cs in results for c in cs]
     ids = Counter(trial_id for trial_id, _ in claimed)
@@ -142,7 +168,8 @@ def bench_hpo(url: str, claimers: int, reporters: int) -> dict[str, float]:
         http.post("/api/v1/workers/claim", json={"worker_id": "r", "resources": {"cpus": 8}}).json()
         for _ in range(reporters)
     ]
-    sent, ingest_wall = run_parallel(reporter, [(url, c["trial_id"], c["lease_id"], 25, 2000) for c in leases])
+    jobs = [(url, c["trial_id"], c["lease_id"], 25, 2000, use_httpx) for c in leases]
+    sent, ingest_wall = run_parallel(reporter, jobs)
     return {
         "create_10000_trials_s": creation_s,
         "claims": len(claimed),
@@ -216,15 +243,17 @@ def main() -> None:
     parser.add_argument("--reporters", type=int, default=4)
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--no-optuna", action="store_true")
+    parser.add_argument("--httpx", action="store_true", help="load generators use httpx instead of http.client")
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}"
     server = start_server(fresh_database(args.postgres, "hpo_bench"), args.port, args.server_workers)
     try:
-        figures = bench_hpo(url, args.claimers, args.reporters)
+        figures = bench_hpo(url, args.claimers, args.reporters, args.httpx)
     finally:
         server.terminate()
         server.wait(timeout=30)
-    print(f"hpo (Postgres, {args.server_workers} server processes, {os.cpu_count()} cores)")
+    client = "httpx" if args.httpx else "http.client"
+    print(f"hpo (Postgres, {args.server_workers} server processes, {os.cpu_count()} cores, {client} load generators)")
     for key, value in figures.items():
         print(f"  {key:28s} {value:12.2f}")
     if not args.no_optuna:

@@ -34,10 +34,18 @@ def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds:
     params = {"lease_id": str(uuid.uuid4()), "worker_id": worker_id, "cpus": cpus, "gpus": gpus}
     with db.transaction() as session:
         reaped = db.reap_due() and _reap(session, db) >= 0
-        row = session.execute(_claim_statement(db.is_sqlite), {**params, "lease_seconds": lease_seconds}).first()
+        row: Any = (
+            session.connection()
+            .execute(_claim_statement(db.is_sqlite), {**params, "lease_seconds": lease_seconds})
+            .first()
+        )
         if row is None and not reaped and _reap(session, db):
             # Nothing pending, but some leases had lapsed: those trials are claimable now.
-            row = session.execute(_claim_statement(db.is_sqlite), {**params, "lease_seconds": lease_seconds}).first()
+            row = (
+                session.connection()
+                .execute(_claim_statement(db.is_sqlite), {**params, "lease_seconds": lease_seconds})
+                .first()
+            )
         if row is None:
             return None
         if db.is_sqlite:

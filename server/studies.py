@@ -149,7 +149,7 @@ def _copy_trials(session: Session, rows: list[dict[str, Any]]) -> None:
     """COPY into trials inside the session's transaction: a 10,000-trial study costs one round
     trip instead of 10,000 INSERTs (or one huge multi-VALUES statement)."""
     columns = list(rows[0])
-    driver = session.connection().connection.driver_connection
+    driver: Any = session.connection().connection.driver_connection
     with driver.cursor() as cursor, cursor.copy(f"COPY trials ({', '.join(columns)}) FROM STDIN") as copy:
         for row in rows:
             copy.write_row([_copy_value(column, row[column]) for column in columns])

@@ -11,11 +11,13 @@ from hpo.settings import Settings
 from ..db import Database
 
 
-def _database(request: Request) -> Database:
+# Async on purpose: a plain `def` dependency runs on the threadpool, a hop per request for a
+# one-line lookup.
+async def _database(request: Request) -> Database:
     return request.app.state.db  # type: ignore[no-any-return]
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 

@@ -21,10 +21,13 @@ router = APIRouter(prefix="/api/v1", tags=["workers"])
 
 
 @router.post("/workers/claim", response_model=Claim, responses={204: {"description": "no trial fits"}})
-def claim(db: DatabaseDep, settings: SettingsDep, body: ClaimRequest) -> Claim | Response:
+def claim(db: DatabaseDep, settings: SettingsDep, body: ClaimRequest) -> Response:
     offered = body.resources
     answer = leases.claim(db, body.worker_id, offered.cpus, offered.gpus, settings.lease_seconds)
-    return Response(status_code=status.HTTP_204_NO_CONTENT) if answer is None else answer
+    if answer is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    # Already a validated Claim: serialized directly, without FastAPI validating it a second time.
+    return Response(answer.model_dump_json(), media_type="application/json")
 
 
 @router.post("/trials/{trial_id}/heartbeat", response_model=HeartbeatAnswer)
