@@ -45,4 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run as `python -m hpo.cli`, this file is `__main__`, a second copy of the module: the
+    # subcommands raise `hpo.cli.CliError`, so dispatch through the imported module.
+    from hpo.cli import main as _package_main
+
+    raise SystemExit(_package_main())
