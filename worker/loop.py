@@ -319,7 +319,7 @@ class Worker:
 
 @ray.remote(num_cpus=1, max_retries=0)
 def _warm() -> int:
-    import hpo.trainer  # noqa: F401  (the import is the work: torch and the trainer load once per process)
+    import hpo.trainer.loop  # noqa: F401  (the import is the work: torch and the trainer load once per process)
 
     return os.getpid()
 

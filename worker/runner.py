@@ -114,12 +114,17 @@ class BoardPoller:
     def __call__(self) -> bool:
         if self.reason is not None:
             return True
+        # Called at every training step: touch Ray (even a zero-timeout `ray.wait` costs about as
+        # much as a small model's step) only once per interval.
         now = time.monotonic()
-        if self._pending is None and now >= self._next:
+        if now < self._next:
+            return False
+        self._next = now + self._interval
+        if self._pending is None:
             self._pending = self._board.stop_reason.remote(self._key)
-        if self._pending is not None and ray.wait([self._pending], timeout=0)[0]:
+        elif ray.wait([self._pending], timeout=0)[0]:
             self.reason = ray.get(self._pending)
-            self._pending, self._next = None, now + self._interval
+            self._pending = None
         return self.reason is not None
 
 
