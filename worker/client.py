@@ -12,7 +12,6 @@ harm."""
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Iterator
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from hpo.trainer.result import json_float  # non-finite numbers travel as strings (DESIGN.md)
 
 API = "/api/v1"
 
@@ -55,15 +56,6 @@ class Backoff:
         while True:
             yield delay * (1 - self.jitter * random.random())
             delay = min(self.maximum, delay * self.factor)
-
-
-def json_number(value: float) -> float | str:
-    """Non-finite numbers travel as the strings "NaN", "Infinity", "-Infinity" (DESIGN.md)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
 
 
 class ServerClient:
@@ -107,14 +99,14 @@ class ServerClient:
         self, trial_id: int, lease_id: str, points: list[dict[str, Any]], retry_for: float = 0
     ) -> dict[str, Any]:
         """Upserts `[{step, name, value}]`; replaying a batch duplicates nothing."""
-        body = {"lease_id": lease_id, "points": [{**p, "value": json_number(float(p["value"]))} for p in points]}
+        body = {"lease_id": lease_id, "points": [{**p, "value": json_float(float(p["value"]))} for p in points]}
         return self.request("POST", f"{API}/trials/{trial_id}/metrics", body, retry_for).json()
 
     def post_checkpoint(
         self, trial_id: int, lease_id: str, step: int, uri: str, objective: float | None, retry_for: float = 0
     ) -> None:
         """Records a checkpoint the next attempt may resume from."""
-        value = None if objective is None else json_number(float(objective))
+        value = None if objective is None else json_float(float(objective))
         body = {"lease_id": lease_id, "step": step, "uri": uri, "objective": value}
         self.request("POST", f"{API}/trials/{trial_id}/checkpoints", body, retry_for)
 

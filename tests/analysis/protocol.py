@@ -3,7 +3,6 @@ complete or fail), with curves chosen by a planting function instead of a traine
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +11,7 @@ import httpx
 import numpy as np
 
 from hpo.server.analysis.model import Curve
+from hpo.trainer.result import json_float
 
 API = "/api/v1"
 
@@ -50,7 +50,7 @@ def run_one(client: httpx.Client, claim: dict[str, Any], plant: Planter) -> None
     outcome = plant({**claim["config"], "trial_id": claim["trial_id"], "number": claim["number"]})
     tid, lease = claim["trial_id"], claim["lease_id"]
     points = [
-        {"step": int(step), "name": name, "value": _json_number(value)}
+        {"step": int(step), "name": name, "value": json_float(float(value))}
         for name, curve in outcome.curves.items()
         for step, value in zip(curve.steps, curve.values, strict=True)
     ]
@@ -87,11 +87,3 @@ def kinds(result: dict[str, Any]) -> list[str]:
 def grad_norms(seed: int, steps: np.ndarray) -> Curve:
     rng = np.random.default_rng(seed)
     return Curve(steps, 1.0 + 0.5 * rng.random(steps.size))
-
-
-def _json_number(value: float) -> float | str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return float(value)
