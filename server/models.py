@@ -151,7 +151,10 @@ class Trial(Base):
 class MetricPoint(Base):
     __tablename__ = "metric_points"
 
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    # No foreign key on purpose: its per-row check was half of the ingest cost (23 of 48 ms for a
+    # 2,000-point batch on Postgres). Every write first locks the trial row under its lease
+    # (results._fenced), and nothing deletes trials; whatever does must delete their points.
+    trial_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     # NULL when not finite; `nonfinite` then says which (NonFinite).

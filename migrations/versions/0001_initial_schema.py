@@ -100,7 +100,6 @@ def upgrade() -> None:
     sa.Column('step', sa.Integer(), nullable=False),
     sa.Column('value', sa.Double(), nullable=True),
     sa.Column('nonfinite', sa.SmallInteger(), nullable=False),
-    sa.ForeignKeyConstraint(['trial_id'], ['trials.id'], name=op.f('fk_metric_points_trial_id_trials'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('trial_id', 'name', 'step', name=op.f('pk_metric_points'))
     )
 
