@@ -31,21 +31,22 @@ def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds:
     The hot path is one statement (pick, lease and read the study, with `FOR UPDATE SKIP LOCKED`
     on Postgres), built once per dialect; expired leases are reaped here at most once a second per
     process (and by the background reaper), not at every claim."""
-    params = {"lease_id": str(uuid.uuid4()), "worker_id": worker_id, "cpus": cpus, "gpus": gpus}
+    params = {
+        "lease_id": str(uuid.uuid4()),
+        "worker_id": worker_id,
+        "cpus": cpus,
+        "gpus": gpus,
+        "lease_seconds": lease_seconds,
+    }
+    statement = _claim_statement(db.is_sqlite)
     with db.transaction() as session:
-        reaped = db.reap_due() and _reap(session, db) >= 0
-        row: Any = (
-            session.connection()
-            .execute(_claim_statement(db.is_sqlite), {**params, "lease_seconds": lease_seconds})
-            .first()
-        )
-        if row is None and not reaped and _reap(session, db):
+        reaped_first = db.reap_due()
+        if reaped_first:
+            _reap(session, db)
+        row: Any = session.connection().execute(statement, params).first()
+        if row is None and not reaped_first and _reap(session, db):
             # Nothing pending, but some leases had lapsed: those trials are claimable now.
-            row = (
-                session.connection()
-                .execute(_claim_statement(db.is_sqlite), {**params, "lease_seconds": lease_seconds})
-                .first()
-            )
+            row = session.connection().execute(statement, params).first()
         if row is None:
             return None
         if db.is_sqlite:

@@ -71,8 +71,10 @@ def train(config: Mapping[str, Any], out_dir: Path | str, reporter: Reporter | N
     ctx = distributed.setup(run_config.resources, run_config.trainer.collective_timeout_s)
     try:
         check_world_size(run_config, ctx.world_size)
-        run = Run(run_config, workload, Path(out_dir), ctx, reporter if ctx.is_main and reporter else NullReporter())
-        run.given_params = set(dict(config.get("params") or {}))
+        given = set(dict(config.get("params") or {}))
+        run = Run(
+            run_config, workload, Path(out_dir), ctx, reporter if ctx.is_main and reporter else NullReporter(), given
+        )
         result = run.execute()
     finally:
         distributed.teardown(ctx)
@@ -141,7 +143,13 @@ class Run:
     """One call of `train()` on one rank: built, resumed, trained, answered."""
 
     def __init__(
-        self, config: RunConfig, workload: Workload, out_dir: Path, ctx: distributed.DistContext, reporter: Reporter
+        self,
+        config: RunConfig,
+        workload: Workload,
+        out_dir: Path,
+        ctx: distributed.DistContext,
+        reporter: Reporter,
+        given_params: set[str],
     ):
         self.config, self.workload, self.out_dir, self.ctx, self.reporter = config, workload, out_dir, ctx, reporter
         self.h, self.settings = config.hparams, config.trainer
@@ -151,7 +159,7 @@ class Run:
         self.metrics_file: MetricsFile | None = None
         self.last_eval: dict[str, float] = {}
         self.examples_per_second: float | None = None
-        self.given_params: set[str] = set()
+        self.given_params = given_params  # names the config set itself (for the unused-optimizer warning)
 
     # -- building --------------------------------------------------------------------------------
 
