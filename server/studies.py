@@ -147,12 +147,20 @@ _JSON_COLUMNS = ("arm", "params", "unit_point")
 
 def _copy_trials(session: Session, rows: list[dict[str, Any]]) -> None:
     """COPY into trials inside the session's transaction: a 10,000-trial study costs one round
-    trip instead of 10,000 INSERTs (or one huge multi-VALUES statement)."""
+    trip instead of 10,000 INSERTs (or one huge multi-VALUES statement).
+
+    Then ANALYZE, as Postgres advises after a bulk load ("Populating a Database"): until
+    autovacuum gets to it, the planner believes the table holds a few rows and plans the claim
+    as a sort of every pending trial (1.2 ms a claim at 10,000 trials) instead of a walk of the
+    pending index that stops at the first unlocked row (0.05 ms). Inside the transaction ANALYZE
+    counts our own uncommitted rows, and its lock does not block claims or ingest."""
     columns = list(rows[0])
     driver: Any = session.connection().connection.driver_connection
-    with driver.cursor() as cursor, cursor.copy(f"COPY trials ({', '.join(columns)}) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row([_copy_value(column, row[column]) for column in columns])
+    with driver.cursor() as cursor:
+        with cursor.copy(f"COPY trials ({', '.join(columns)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row([_copy_value(column, row[column]) for column in columns])
+        cursor.execute("ANALYZE trials")
 
 
 def _copy_value(column: str, value: Any) -> Any:
