@@ -74,7 +74,7 @@ class TrainerSettings:
     checkpoint_every_steps: int | None = None
     keep_best_checkpoints: int = 3
     eval_batch_size: int | None = None
-    log_every_steps: int = 1
+    log_every_steps: int = 10
     sanity_checks: bool = True
     overfit_one_batch: bool = False
     ghost_batch_size: int | None = None

@@ -159,6 +159,7 @@ class Run:
         self.metrics_file: MetricsFile | None = None
         self.last_eval: dict[str, float] = {}
         self.examples_per_second: float | None = None
+        self.learning_rate = 0.0  # of the newest step, reported with each log line
         self.given_params = given_params  # names the config set itself (for the unused-optimizer warning)
 
     # -- building --------------------------------------------------------------------------------
@@ -316,6 +317,8 @@ class Run:
             values, stop = self.train_step(window)
             stop = stop and self.step < total  # a stop during the last step finds the run complete
             if self.step % self.settings.log_every_steps == 0 or self.step == total:
+                # The schedule is a pure function of the step: a point per log line draws it.
+                values["train/learning_rate"] = self.learning_rate
                 values.update(window.take(self.h.batch_size))
                 self.examples_per_second = values["train/examples_per_second"]
             evaluated = self.step % every == 0 or self.step == total
@@ -347,12 +350,11 @@ class Run:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.workload.loss(self.ddp(inputs), labels, self.h.label_smoothing).mean()
         loss.backward()
-        params = [p for p in self.params if p.grad is not None]
-        grad_norm = _global_norm([p.grad for p in params if p.grad is not None])
+        grad_norm = _global_norm([p.grad for p in self.params if p.grad is not None])
         clip = self.h.grad_clip_norm
         clipped = clip is not None and bool(grad_norm > clip)
         if clip is not None and clipped:
-            torch.nn.utils.clip_grads_with_norm_(params, clip, grad_norm)
+            torch.nn.utils.clip_grads_with_norm_([p for p in self.params if p.grad is not None], clip, grad_norm)
         stop = self.ctx.is_main and self.reporter.should_stop()
         if self.ctx.distributed:
             # One small collective per step: the global mean loss, and rank 0's stop request.
@@ -374,7 +376,8 @@ class Run:
         self.step += 1
         self.history.clipped_steps += int(clipped)
         window.add(loaded - started, time.perf_counter() - started)
-        values = {"train/loss": global_loss, "train/grad_norm": norm, "train/learning_rate": lr}
+        self.learning_rate = lr
+        values = {"train/loss": global_loss, "train/grad_norm": norm}
         if clip is not None:
             values["train/clipped_fraction"] = self.history.clipped_steps / self.step
         return values, stop

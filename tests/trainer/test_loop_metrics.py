@@ -85,7 +85,9 @@ def test_log_every_steps_thins_the_training_metrics(tmp_path: Path) -> None:
     train(make_config(trainer={"max_train_steps": 20, "log_every_steps": 6}), tmp_path)
     points = read_metrics(tmp_path)
     assert sorted(series(points, "train/loss")) == list(range(1, 21))
+    assert sorted(series(points, "train/grad_norm")) == list(range(1, 21))
     assert sorted(series(points, "train/examples_per_second")) == [6, 12, 18, 20]
+    assert sorted(series(points, "train/learning_rate")) == [6, 12, 18, 20]
 
 
 def test_eval_batch_smaller_than_the_training_batch_is_refused(tmp_path: Path) -> None:
@@ -102,7 +104,7 @@ def test_eval_batch_smaller_than_the_training_batch_is_refused(tmp_path: Path) -
 
 
 def test_throughput_metrics_every_logged_step(tmp_path: Path) -> None:
-    result = train(make_config(trainer={"max_train_steps": 20}), tmp_path)
+    result = train(make_config(trainer={"max_train_steps": 20, "log_every_steps": 1}), tmp_path)
     points = read_metrics(tmp_path)
     speed, wait = series(points, "train/examples_per_second"), series(points, "train/data_wait_fraction")
     assert sorted(speed) == sorted(wait) == list(range(1, 21))

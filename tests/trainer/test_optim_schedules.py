@@ -117,8 +117,8 @@ def test_unknown_schedule_raises() -> None:
         learning_rate(0, 1.0, "exponential", 0, 10)
 
 
-def test_run_reports_the_schedule_every_step(tmp_path: Path) -> None:
+def test_run_reports_the_schedule_every_logged_step(tmp_path: Path) -> None:
     params = {"lr_schedule": "cosine", "warmup_steps": 5, "learning_rate": 0.02}
-    train(make_config(params, {"max_train_steps": 20}), tmp_path)
+    train(make_config(params, {"max_train_steps": 20, "log_every_steps": 1}), tmp_path)
     reported = series(read_metrics(tmp_path), "train/learning_rate")
     assert reported == {s + 1: learning_rate(s, 0.02, "cosine", 5, 20) for s in range(20)}
