@@ -16,6 +16,7 @@ each trial is given back as `preempted`, then the worker exits. A second signal 
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import logging
 import os
 import signal
@@ -293,6 +294,8 @@ class Worker:
         )
         if opts.warm_up:
             warm_up()
+            # Ray Train's driver side, loaded here rather than inside the first DDP trial's start.
+            importlib.import_module("ray.train.torch")
         self._idle_since = time.monotonic()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
