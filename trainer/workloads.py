@@ -65,6 +65,9 @@ class Workload(Protocol):
         datasets(): `(train, valid)` `IndexableDataset`s; labels are int64 class indices. The
             same on every rank and every call (no randomness beyond a fixed seed).
         loss(logits, labels, label_smoothing): per-example training loss, shape `[batch]`.
+        mean_loss(logits, labels, label_smoothing), optional: `loss(...).mean()` in one fused
+            call where the workload has one (the built-ins use cross-entropy's own mean, which
+            saves 20 us a step on a 1 ms step); the loop trains on it when present.
         augment(inputs, labels, generator, params): the training inputs after augmentation; draws
             only from `generator` (per rank, saved in checkpoints).
         eval_sums(logits, labels, weights): per-batch sums as float64 tensors (same keys and shapes
@@ -125,6 +128,9 @@ class ClassificationWorkload:
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
         return F.cross_entropy(logits, labels, reduction="none", label_smoothing=label_smoothing)
+
+    def mean_loss(self, logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+        return F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
 
     def augment(
         self, inputs: torch.Tensor, labels: torch.Tensor, generator: torch.Generator, params: Mapping[str, Any]

@@ -98,9 +98,9 @@ class TrialBoard:
 
 def create_board(timeout: float = 60.0) -> Any:
     """The board actor of this driver; it dies with the driver, as the trials it steers do.
-    Answers once the actor is up: starting its process takes a second of CPU, which a first trial
-    launched meanwhile would pay for (on 2 cores a DDP trial started 0.7 s later)."""
-    board = ray.remote(num_cpus=0, max_restarts=0)(TrialBoard).remote()
+    Answers once the actor is up, so a broken cluster shows at start-up and the first trial does
+    not share the CPU with the start of the board's process."""
+    board: Any = ray.remote(num_cpus=0, max_restarts=0)(TrialBoard).remote()
     ray.get(board.stop_reason.remote(""), timeout=timeout)
     return board
 

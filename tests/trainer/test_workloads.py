@@ -126,3 +126,15 @@ def test_model_hyperparameters_resolve_with_defaults() -> None:
     assert resolved["width"] == 8 and resolved["num_layers"] == 2 and resolved["input_noise"] == 0.0
     with pytest.raises(ConfigError, match="params.input_noise"):
         resolve_model_params(workload, {"input_noise": -1.0})
+
+
+@pytest.mark.parametrize("name", ["synthetic_mlp", "digits"])
+def test_fused_mean_loss_is_the_mean_of_the_per_example_loss(name: str) -> None:
+    """The loop trains on a built-in's fused `mean_loss`; it must be the contract's `loss(...).mean()`."""
+    workload = load_workload(name, {})
+    logits = torch.randn(64, workload.num_classes, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(workload.num_classes, (64,), generator=torch.Generator().manual_seed(1))
+    for smoothing in (0.0, 0.1):
+        fused = workload.mean_loss(logits, labels, smoothing)
+        assert fused.shape == ()
+        assert fused.item() == pytest.approx(workload.loss(logits, labels, smoothing).mean().item(), rel=1e-6)
