@@ -92,8 +92,11 @@ def format_value(value: float) -> str:
 
 
 class MetricsFile:
-    """Appends metric points to `metrics.jsonl`; flushes at least every `flush_seconds` and on
-    `flush()` (before every checkpoint, so the file always covers the newest checkpoint)."""
+    """Appends metric points to `metrics.jsonl`. Points wait in memory and are formatted and handed
+    to the OS together at least every `flush_seconds` (readers see them then); `flush()`, which
+    the loop calls before every checkpoint, also makes them durable, so after a crash the file
+    covers at least the newest checkpoint (resume cuts what lies past it). Writing every step's
+    lines at once cost 12 us a step on a 1 ms step, and an fsync every second a few more."""
 
     def __init__(self, path: Path, flush_seconds: float = 1.0) -> None:
         self.path = path
@@ -101,23 +104,34 @@ class MetricsFile:
         self._flush_seconds = flush_seconds
         self._last_flush = time.monotonic()
         self._names: dict[str, str] = {}
+        self._pending: list[tuple[int, Mapping[str, float]]] = []
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
-        lines = []
-        for name, value in values.items():
-            quoted = self._names.get(name)
-            if quoted is None:
-                quoted = self._names[name] = json.dumps(name)
-            lines.append(f'{{"step": {step}, "name": {quoted}, "value": {format_value(value)}}}\n')
-        self._handle.write("".join(lines))
+        """Takes `values` as it is: the caller must not change the mapping afterwards."""
+        self._pending.append((step, values))
         now = time.monotonic()
         if now - self._last_flush >= self._flush_seconds:
-            self.flush(now)
+            self._write_pending()
+            self._handle.flush()
+            self._last_flush = now
 
-    def flush(self, now: float | None = None) -> None:
+    def flush(self) -> None:
+        """Durable: written through to the disk."""
+        self._write_pending()
         self._handle.flush()
         os.fsync(self._handle.fileno())
-        self._last_flush = time.monotonic() if now is None else now
+        self._last_flush = time.monotonic()
+
+    def _write_pending(self) -> None:
+        lines = []
+        for step, values in self._pending:
+            for name, value in values.items():
+                quoted = self._names.get(name)
+                if quoted is None:
+                    quoted = self._names[name] = json.dumps(name)
+                lines.append(f'{{"step": {step}, "name": {quoted}, "value": {format_value(value)}}}\n')
+        self._pending.clear()
+        self._handle.write("".join(lines))
 
     def close(self) -> None:
         if not self._handle.closed:
