@@ -33,6 +33,7 @@ import ray
 
 from .capacity import Capacity, Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
+from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import create_board, launch, outcome_of_exception
 from .runs import STOP_LEASE_LOST, STOP_PREEMPTED, STOP_REQUESTED, JobSettings, Run, build_job
 
@@ -60,8 +61,8 @@ class WorkerOptions:
     tick_seconds: float = 0.1
     drain_seconds: float = 120.0
     exit_when_idle_seconds: float | None = None
-    flush_points: int = 512
-    flush_seconds: float = 2.0
+    flush_points: int = FLUSH_POINTS
+    flush_seconds: float = FLUSH_SECONDS
     warm_up: bool = True
     log_to_driver: bool = True
     object_store_memory: int | None = None

@@ -29,6 +29,13 @@ from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnava
 
 _log = logging.getLogger("hpo.worker.reporter")
 
+# Delivery cadence: a batch every FLUSH_SECONDS, sooner once FLUSH_POINTS points wait. Few, large
+# batches: each wakes the reporter thread inside the training process, and while it holds the GIL
+# the training thread waits at every torch call; at 512 points a batch, a fast trainer lost 8 % of
+# its throughput to them, at 5,000 (one batch every 2 s) nothing measurable.
+FLUSH_POINTS = 5000
+FLUSH_SECONDS = 2.0
+
 
 @dataclass
 class Undelivered:
@@ -100,8 +107,8 @@ class HttpReporter:
         artifact_root: Path,
         stop_requested: Callable[[], bool] | None = None,
         *,
-        flush_points: int = 512,
-        flush_seconds: float = 2.0,
+        flush_points: int = FLUSH_POINTS,
+        flush_seconds: float = FLUSH_SECONDS,
         max_batch: int = 5000,
     ) -> None:
         self._client, self._trial_id, self._lease_id = client, trial_id, lease_id

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import ray
 
 from .client import ServerClient
-from .reporter import HttpReporter, Undelivered
+from .reporter import FLUSH_POINTS, FLUSH_SECONDS, HttpReporter, Undelivered
 
 _log = logging.getLogger("hpo.worker.runner")
 
@@ -49,8 +49,8 @@ class TrialJob:
     processes: int = 1
     cpus_per_process: float = 1.0
     gpus_per_process: float = 0.0
-    flush_points: int = 512
-    flush_seconds: float = 2.0
+    flush_points: int = FLUSH_POINTS
+    flush_seconds: float = FLUSH_SECONDS
     collective_timeout_s: int = 600
     trainer: str = "hpo.trainer:train"
 

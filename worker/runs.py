@@ -12,6 +12,7 @@ from typing import Any
 from .artifacts import ArtifactPathError, attempt_dir, fallback_checkpoint, relative_attempt_path, resolve_checkpoint
 from .capacity import Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
+from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import Execution, Outcome, TrialJob
 
 _log = logging.getLogger("hpo.worker")
@@ -29,8 +30,8 @@ class JobSettings:
     artifact_root: Path
     client: ServerClient
     board: Any
-    flush_points: int = 512
-    flush_seconds: float = 2.0
+    flush_points: int = FLUSH_POINTS
+    flush_seconds: float = FLUSH_SECONDS
     trainer: str = "hpo.trainer:train"
 
 
