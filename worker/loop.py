@@ -293,10 +293,10 @@ class Worker:
             opts.flush_seconds,
             opts.trainer,
         )
+        # Ray Train's driver side, loaded here rather than inside the first DDP trial's start.
+        importlib.import_module("ray.train.torch")
         if opts.warm_up:
             warm_up()
-            # Ray Train's driver side, loaded here rather than inside the first DDP trial's start.
-            importlib.import_module("ray.train.torch")
         self._idle_since = time.monotonic()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
