@@ -130,6 +130,9 @@ class ClassificationWorkload:
         return F.cross_entropy(logits, labels, reduction="none", label_smoothing=label_smoothing)
 
     def mean_loss(self, logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+        if type(self).loss is not ClassificationWorkload.loss:
+            # A subclass with its own loss trains on that loss, not on this class's cross-entropy.
+            return self.loss(logits, labels, label_smoothing).mean()
         return F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
 
     def augment(

@@ -138,3 +138,19 @@ def test_fused_mean_loss_is_the_mean_of_the_per_example_loss(name: str) -> None:
         fused = workload.mean_loss(logits, labels, smoothing)
         assert fused.shape == ()
         assert fused.item() == pytest.approx(workload.loss(logits, labels, smoothing).mean().item(), rel=1e-6)
+
+
+def test_a_subclass_with_its_own_loss_trains_on_it() -> None:
+    """The fused mean belongs to the base class's cross-entropy; a subclass that overrides `loss`
+    (class weights, a different criterion) must not be trained on the base's loss instead."""
+
+    class Doubled(SyntheticMLP):
+        def loss(self, logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+            return 2.0 * super().loss(logits, labels, label_smoothing)
+
+    workload, plain = Doubled(), SyntheticMLP()
+    logits = torch.randn(16, workload.num_classes, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(workload.num_classes, (16,), generator=torch.Generator().manual_seed(1))
+    mean = workload.mean_loss(logits, labels, 0.0)
+    assert mean.item() == pytest.approx(workload.loss(logits, labels, 0.0).mean().item(), rel=1e-6)
+    assert mean.item() == pytest.approx(2.0 * plain.mean_loss(logits, labels, 0.0).item(), rel=1e-6)
