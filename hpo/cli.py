@@ -7,18 +7,34 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+# What `hpo --help` says first; the module docstring above is for the project's developers.
+DESCRIPTION = """\
+hpo runs hyperparameter studies the way the Deep Learning Tuning Playbook describes them: you write
+down one round of tuning (scientific, nuisance and fixed hyperparameters, an objective), the server
+lays out quasi-random trials, Ray workers train them with PyTorch (DDP across processes and nodes),
+and the server analyzes the results (best trial per arm, boundary and curve checks).
+
+Start with `hpo demo` (a whole study on this machine in about a minute), then `hpo server`,
+`hpo worker` and `hpo study create -f spec.json`. Docs: docs/ in the repository (cli.md, spec.md)."""
+
 # Each part's cli module exposes `register(subparsers)`; the modules themselves import only argparse.
-_PARTS = ("hpo.server.cli", "hpo.trainer.cli", "hpo.worker.cli", "hpo.study_cli")
+_PARTS = ("hpo.server.cli", "hpo.trainer.cli", "hpo.worker.cli", "hpo.study_cli", "hpo.trial_cli")
 
 
 class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2, no traceback."""
 
 
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT) ended a command that already said what it kept: exit status 130."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(prog="hpo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="hpo", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in _PARTS:
         try:
@@ -39,7 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"hpo {args.command}: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"hpo {args.command}: interrupted; {exc}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
+        # 128 + SIGINT, as shells report it; nothing was half-written (the service's writes are transactions).
+        print(f"hpo {args.command}: interrupted", file=sys.stderr)
         return 130
     return int(result or 0)
 

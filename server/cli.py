@@ -8,12 +8,25 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "server", help="run the study service (HPO_DATABASE_URL, default SQLite in ./hpo.db)"
+        "server",
+        help="run the study service (HPO_DATABASE_URL, default SQLite in ./hpo.db)",
+        description="The study service: REST API under /api/v1, dashboard at /. Upgrades the database schema "
+        "first. Settings come from HPO_* variables (docs/settings.md): HPO_DATABASE_URL (default "
+        "sqlite:///./hpo.db), HPO_ARTIFACT_ROOT (./artifacts), HPO_API_TOKEN, HPO_LEASE_SECONDS (60).",
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--workers", type=int, default=1, help="server processes (safe: leases live in the database)")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for every interface (default 127.0.0.1)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="server processes (default 1; safe: leases live in the database)"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn's log level (default info)",
+    )
     parser.set_defaults(handler=_serve)
 
 
@@ -27,6 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings = Settings.from_env()
     except SettingsError as exc:
         raise CliError(str(exc)) from None
+    _check_port(args.host, args.port)
     _upgrade_once(settings)
     uvicorn.run(
         "hpo.server.asgi:app",
@@ -39,11 +53,69 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_port(host: str, port: int) -> None:
+    """Refuses a taken port in one line, before the schema upgrade, instead of uvicorn's late error."""
+    import socket
+
+    from hpo.cli import CliError
+
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise CliError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); another program (or hpo server) has it: "
+                "choose another --port"
+            ) from None
+
+
 def _upgrade_once(settings: Any) -> None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from hpo.cli import CliError
     from hpo.server.db import Database
 
-    db = Database(settings.database_url)
     try:
-        db.upgrade()
-    finally:
-        db.dispose()
+        db = Database(settings.database_url)
+        try:
+            db.upgrade()
+        finally:
+            db.dispose()
+    except (OSError, SQLAlchemyError) as exc:
+        raise CliError(database_problem(settings.database_url, exc)) from None
+
+
+def database_problem(url: str, exc: BaseException) -> str:
+    """One or two lines for a database the server cannot open: what failed and what to do."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # an unparsable URL: Settings.validate let it through, so say it plainly
+        return f"HPO_DATABASE_URL {url!r} cannot be used: {exc}"
+    shown = parsed.render_as_string(hide_password=True)
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if parsed.get_backend_name() == "sqlite":
+        folder = _sqlite_folder(parsed.database)
+        if folder is not None and not folder.is_dir():
+            return (
+                f"HPO_DATABASE_URL {shown}: the folder {folder} does not exist; create it "
+                f"(mkdir -p {folder}) or point HPO_DATABASE_URL at an existing folder"
+            )
+        return f"cannot open the SQLite database {shown}: {text}"
+    if "does not exist" in text and "database" in text:
+        user = f" -U {parsed.username}" if parsed.username else ""
+        host = parsed.host or "localhost"
+        return (
+            f"the Postgres database {parsed.database!r} does not exist on {host}; create it with "
+            f"`createdb -h {host}{user} {parsed.database}`, or fix HPO_DATABASE_URL ({shown})"
+        )
+    return f"cannot connect to the database {shown}: {text}\ncheck that it runs and that HPO_DATABASE_URL is right"
+
+
+def _sqlite_folder(database: str | None) -> Any:
+    from pathlib import Path
+
+    if not database or database == ":memory:":
+        return None
+    return Path(database).absolute().parent

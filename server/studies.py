@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Select, func, insert, select
 from sqlalchemy.orm import Session
 
-from . import layout
+from . import catalogue, layout
 from .db import Database
 from .errors import AlreadyExists, InvalidInput, NotFound
 from .models import Study, StudyStatus, Trial, TrialStatus
@@ -27,6 +27,9 @@ def create_study(db: Database, raw_spec: object) -> StudyCreated:
     """Validates the spec, stores the study and lays out its trials in one transaction, and
     answers with the design checks as warnings (they never refuse the study)."""
     spec = parse_spec(raw_spec)
+    typos = catalogue.workload_errors(spec)
+    if typos:
+        raise InvalidInput(typos)
     drafts = _initial_drafts(spec)
     with db.transaction() as session:
         _ensure_name_free(session, spec.name)
@@ -36,7 +39,7 @@ def create_study(db: Database, raw_spec: object) -> StudyCreated:
         _insert_trials(session, study, drafts, first_number=0)
         study.next_point_index = _next_point_index(drafts, 0)
         study_id = study.id
-    warnings = [Warning(**w) for w in layout.design_warnings(spec)]
+    warnings = [Warning(**w) for w in layout.design_warnings(spec) + catalogue.workload_warnings(spec)]
     return StudyCreated(**get_study(db, study_id).model_dump(), warnings=warnings)
 
 

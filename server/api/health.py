@@ -14,7 +14,8 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz")
 def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+    # `service` lets a client tell hpo from another program on the same port (hpo/server_url.py).
+    return {"status": "ok", "service": "hpo"}
 
 
 @router.get("/readyz")

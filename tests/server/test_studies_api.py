@@ -116,7 +116,7 @@ def test_replicas_rerun_params_with_new_seeds(client: httpx.Client) -> None:
 
 
 def test_health_and_readiness(client: httpx.Client) -> None:
-    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/healthz").json() == {"status": "ok", "service": "hpo"}
     assert client.get("/readyz").json()["database"] == "reachable"
 
 
