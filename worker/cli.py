@@ -4,7 +4,6 @@ one of them runs (this module imports only the standard library)."""
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 
@@ -22,13 +21,16 @@ def _register_worker(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--server",
-        default=os.environ.get("HPO_SERVER_URL"),
-        help="server URL, e.g. http://127.0.0.1:8000 (default $HPO_SERVER_URL)",
+        default=None,
+        metavar="URL",
+        help="the hpo server: host:port or a URL, with or without /api/v1 "
+        "(default $HPO_SERVER_URL or http://127.0.0.1:8000)",
     )
     parser.add_argument(
         "--ray-address",
         default=None,
-        help="join this Ray cluster (host:port, or 'auto' for one on this node); default: start a local Ray instance",
+        help="join this running Ray cluster (host:port of its head, or 'auto' for the one `ray start` began on this "
+        "node); default: start a local Ray instance (docs/workers.md)",
     )
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all)")
     parser.add_argument("--num-gpus", type=int, default=None, help="GPUs of the local Ray instance (default: all)")
@@ -47,16 +49,26 @@ def _register_worker(subparsers: Any) -> None:
         help="exit after this long with nothing to run (default: keep polling)",
     )
     parser.add_argument(
-        "--drain-seconds", type=float, default=120.0, help="on SIGTERM, how long runs get to checkpoint and stop"
+        "--drain-seconds",
+        type=float,
+        default=120.0,
+        help="on SIGTERM or Ctrl-C, how long runs get to checkpoint and stop (default 120)",
     )
     parser.add_argument(
         "--trainer",
         default="hpo.trainer:train",
         metavar="MODULE:FUNCTION",
-        help="training function with hpo.trainer's contract, importable on every node",
+        help="training function with hpo.trainer's contract, importable on every node (default hpo.trainer:train)",
     )
-    parser.add_argument("--no-warm-up", action="store_true", help="do not pre-start Ray worker processes")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--no-warm-up", action="store_true", help="do not pre-start Ray worker processes (default: pre-start them)"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="log level (default info)",
+    )
     parser.set_defaults(handler=_run_worker)
 
 
@@ -64,6 +76,10 @@ def _register_demo(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "demo",
         help="run a whole example study end to end: server (SQLite), local Ray worker, real trainer",
+        description="Starts a server on SQLite in --workdir, a worker on a local Ray instance, creates the example "
+        "study (16 trials of the digits workload) and runs it to the end with a progress bar (about a minute on "
+        "2 cores), then prints the best trial per arm, the analysis warnings and where to look next. Ctrl-C stops "
+        "it; what finished stays in --workdir.",
     )
     parser.add_argument(
         "--workdir", default=".hpo-demo", help="folder for the SQLite database and artifacts (default ./.hpo-demo)"
@@ -75,14 +91,35 @@ def _register_demo(subparsers: Any) -> None:
 
 
 def _run_worker(args: argparse.Namespace) -> int:
-    from hpo.cli import CliError
+    import logging
+    import signal
 
-    if not args.server:
-        raise CliError("--server URL is required (or set HPO_SERVER_URL)")
+    from hpo.cli import CliError, Interrupted
+    from hpo.server_url import ServerUrlError, probe, server_url
+
+    try:
+        args.server = server_url(args.server)
+        reachable = probe(args.server)
+    except ServerUrlError as exc:
+        raise CliError(str(exc)) from None
     _logging(args.log_level)
+    if not reachable:
+        logging.getLogger("hpo.worker").warning("no hpo server answers at %s yet; retrying until one does", args.server)
+    options = _worker_options(args)
+    if args.ray_address:
+        from .ray_errors import join_ray
+
+        join_ray(args.ray_address, log_to_driver=options.log_to_driver)
     from .loop import Worker
 
-    return Worker(_worker_options(args)).run()
+    worker = Worker(options)
+    status = worker.run()
+    if worker.stopped_by_signal == signal.SIGINT:
+        raise Interrupted(
+            "running trials were checkpointed and given back (preempted); the next worker resumes them from "
+            "their newest checkpoint"
+        )
+    return status
 
 
 def _worker_options(args: argparse.Namespace) -> Any:

@@ -99,6 +99,7 @@ class Worker:
         self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="hpo-ddp")
         self._capacity = Capacity(exclusive=True)
         self._jobs: JobSettings | None = None
+        self.stopped_by_signal: int | None = None
 
     # -- public -------------------------------------------------------------------------------
 
@@ -299,12 +300,17 @@ class Worker:
             warm_up()
         self._idle_since = time.monotonic()
 
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        # Remembered so `hpo worker` and `hpo demo` can exit 130 after a Ctrl-C (shell convention).
+        self.stopped_by_signal = signum
+        self.request_shutdown()
+
     def _install_signal_handlers(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         for sig in previous:
-            signal.signal(sig, lambda _signum, _frame: self.request_shutdown())
+            signal.signal(sig, self._on_signal)
 
         def restore() -> None:
             for sig, handler in previous.items():

@@ -19,6 +19,7 @@ from hpo.settings import Settings
 REPO = Path(__file__).resolve().parents[2]
 API = "/api/v1"
 FAKE_TRAINER = "tests.worker.fake_trainer:train"
+FAKE_WORKLOAD = "tests.worker.fake_trainer:Workload"  # a user workload: names the server cannot check
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +50,8 @@ def worker_spec(name: str = "worker-test", **overrides: Any) -> dict[str, Any]:
             {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 1e-3, "max": 1.0, "scale": "log"},
             {"name": "step_seconds", "role": "fixed", "value": 0.0},
         ],
-        "trainer": {"max_train_steps": 60, "eval_every_steps": 10},
+        # The fake trainer's params are not the built-in workloads' names, which the server checks at creation.
+        "trainer": {"workload": FAKE_WORKLOAD, "max_train_steps": 60, "eval_every_steps": 10},
         "resources": {"workers": 1, "cpus_per_worker": 1, "gpus_per_worker": 0},
         "max_attempts": 3,
     }

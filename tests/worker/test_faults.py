@@ -21,7 +21,16 @@ import pytest
 from hpo.settings import Settings
 from hpo.worker.loop import Worker, WorkerOptions
 from tests.conftest import LiveServer
-from tests.worker.conftest import API, REPO, create_study, metric_steps, study_done, trials, wait_until
+from tests.worker.conftest import (
+    API,
+    FAKE_WORKLOAD,
+    REPO,
+    create_study,
+    metric_steps,
+    study_done,
+    trials,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -52,7 +61,7 @@ def twin_study(trainer: dict[str, Any], params: dict[str, Any], hyperparameters:
 
 def fake_twins() -> tuple[dict[str, Any], str, int, int]:
     spec = twin_study(
-        {"max_train_steps": 150, "eval_every_steps": 10},
+        {"workload": FAKE_WORKLOAD, "max_train_steps": 150, "eval_every_steps": 10},
         {"learning_rate": 0.1},
         [
             {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 1e-3, "max": 1.0, "scale": "log"},
