@@ -65,8 +65,11 @@ def _checked(config: dict[str, Any], nproc: int) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import signal
+
     from hpo.cli import CliError
 
+    from . import reporters
     from .errors import ConfigError
     from .launch import run_local
 
@@ -83,6 +86,10 @@ def _train(args: argparse.Namespace) -> int:
     if result.reason and result.status != "completed":
         print(result.reason)
     print(f"metrics: {Path(args.out) / 'metrics.jsonl'}  checkpoints: {result.checkpoint_dir}")
+    if result.status == "stopped" and reporters.last_stop_signal == signal.SIGINT:
+        from hpo.cli import Interrupted
+
+        raise Interrupted(f"checkpoint at step {result.step} kept in {args.out}; run the same command to resume")
     return 0 if result.status in ("completed", "stopped") else 1
 
 

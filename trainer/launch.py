@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .reporters import ConsoleReporter, Reporter
+from .reporters import ConsoleReporter, Reporter, record_stop_signal
 from .result import RunResult
 
 
@@ -45,6 +45,8 @@ def run_local(config: Mapping[str, Any], out_dir: Path, nproc: int, console: boo
         for process in processes:
             process.start()
         signal.signal(signal.SIGTERM, lambda signum, frame: _forward(processes[0], signum))
+        # Ctrl-C reaches rank 0 from the terminal; the parent only remembers it (for the exit status).
+        signal.signal(signal.SIGINT, lambda signum, frame: record_stop_signal(signum))
         for process in processes:
             process.join()
     finally:

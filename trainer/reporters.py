@@ -52,6 +52,16 @@ class NullReporter:
         return False
 
 
+# The signal that stopped this process's run, so `hpo train` exits 130 after a Ctrl-C but 0 after
+# a SIGTERM (a supervisor's orderly stop).
+last_stop_signal: int | None = None
+
+
+def record_stop_signal(signum: int) -> None:
+    global last_stop_signal
+    last_stop_signal = signum
+
+
 class ConsoleReporter(NullReporter):
     """`hpo train`'s reporter: one line per evaluation on stdout, and SIGINT / SIGTERM ask the run
     to checkpoint and stop (a second SIGINT interrupts at once)."""
@@ -67,6 +77,7 @@ class ConsoleReporter(NullReporter):
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        record_stop_signal(signum)
         self._stop = True
         print(f"signal {signum}: stopping after this step (checkpoint first)", file=self._stream, flush=True)
 

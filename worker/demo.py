@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -143,11 +144,16 @@ def run_demo(args: argparse.Namespace) -> int:
             log_to_driver=False,
             idle_poll_seconds=0.5,
         )
+        worker = Worker(options, ServerClient(server.url))
         try:
-            Worker(options, ServerClient(server.url)).run(until=progress)
+            worker.run(until=progress)
         finally:
             progress.close()
         print(summary(client, study["id"], workdir, time.monotonic() - started))
+    if worker.stopped_by_signal == signal.SIGINT:
+        from hpo.cli import Interrupted
+
+        raise Interrupted(f"study {study['id']} and the trials that finished are kept in {workdir}")
     return 0
 
 
