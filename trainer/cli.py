@@ -19,20 +19,30 @@ def register(subparsers: Any) -> None:
     train.add_argument(
         "--config", required=True, metavar="FILE", help='JSON: {"params": {...}, "trainer": {...}, "seed": 0}'
     )
-    train.add_argument("--out", required=True, metavar="DIR")
-    train.add_argument("--nproc", type=int, default=1, help="DDP processes on this machine (gloo on CPU)")
+    train.add_argument(
+        "--out", required=True, metavar="DIR", help="folder for metrics.jsonl, checkpoints/ and result.json"
+    )
+    train.add_argument("--nproc", type=int, default=1, help="DDP processes on this machine, gloo on CPU (default 1)")
     train.set_defaults(handler=_train)
 
     sweep = subparsers.add_parser(
         "batch-size-sweep",
         help="short runs at powers of two: the largest batch size that still buys throughput",
+        description="Runs the config for a few steps at batch sizes 8, 16, 32, ... and reports examples per "
+        "second, stopping when doubling the batch no longer buys enough throughput (playbook: choose the batch "
+        "size for training speed, then retune the optimizer).",
     )
-    sweep.add_argument("--config", required=True, metavar="FILE")
+    sweep.add_argument("--config", required=True, metavar="FILE", help="a run config, as `hpo train` reads it")
     sweep.add_argument("--start", type=int, default=8, help="first batch size (default 8)")
-    sweep.add_argument("--max-batch-size", type=int, default=65536)
+    sweep.add_argument("--max-batch-size", type=int, default=65536, help="largest batch size tried (default 65536)")
     sweep.add_argument("--steps", type=int, default=20, help="steps per short run (default 20)")
-    sweep.add_argument("--min-gain", type=float, default=1.1, help="stop when throughput grows less than this factor")
-    sweep.add_argument("--nproc", type=int, default=1)
+    sweep.add_argument(
+        "--min-gain",
+        type=float,
+        default=1.1,
+        help="stop when doubling the batch grows throughput by less than this factor (default 1.1)",
+    )
+    sweep.add_argument("--nproc", type=int, default=1, help="DDP processes on this machine (default 1)")
     sweep.set_defaults(handler=_sweep)
 
 

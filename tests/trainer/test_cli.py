@@ -130,3 +130,21 @@ def test_sigterm_reaches_every_rank_of_a_two_process_run(
     assert state["world_size"] == 2 and len(state["rng"]) == 2
     # Both ranks stopped at the same step: a rank still training would have hung the other's collective,
     # and the parent returns only once every rank has exited.
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path: Path, processes: list[subprocess.Popen[str]]) -> None:
+    """Shell convention: a command ended by Ctrl-C (SIGINT) exits 128 + 2, and says so."""
+    config = make_config({}, {"max_train_steps": 100_000, "eval_every_steps": 100, "checkpoint_every_steps": 10})
+    out = tmp_path / "run"
+    process = start_train(config, out)
+    processes.append(process)
+    wait_for(lambda: bool(list_checkpoints(out / "checkpoints")), 90, "the first checkpoint", process)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    step = RunResult.read(out / "result.json").step
+    assert stderr.strip() == (
+        f"hpo train: interrupted; checkpoint at step {step} kept in {out}; run the same command to resume"
+    )
