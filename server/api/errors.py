@@ -43,15 +43,27 @@ def field_path(loc: Sequence[Any]) -> str:
     return text or (str(loc[0]) if loc else "body")
 
 
-def _validation_errors(exc: RequestValidationError) -> list[FieldError]:
+def _validation_errors(exc: RequestValidationError, request: Request | None = None) -> list[FieldError]:
     errors = []
     for error in exc.errors():
         if error.get("type") == "json_invalid":
             reason = f"malformed JSON: {error.get('ctx', {}).get('error', 'cannot be parsed')}"
             errors.append(FieldError("body", reason))
+        elif error.get("type") == "extra_forbidden" and request is not None:
+            # `{"action": "pause"}` on PATCH: say which fields the body takes.
+            known = _body_fields(request)
+            reason = f"is not a known field (known: {', '.join(known)})" if known else "is not a known field"
+            errors.append(FieldError(field_path(error.get("loc", ())), reason))
         else:
             errors.append(FieldError(field_path(error.get("loc", ())), str(error.get("msg", "invalid"))))
     return errors
+
+
+def _body_fields(request: Request) -> list[str]:
+    """The top-level fields of the route's request body model (empty when unknown)."""
+    field = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(field, "type_", None) or getattr(getattr(field, "field_info", None), "annotation", None)
+    return list(getattr(model, "model_fields", {}) or {})
 
 
 def invalid_response(errors: list[FieldError]) -> JSONResponse:
@@ -69,8 +81,8 @@ def install(app: FastAPI) -> None:
         return JSONResponse(status_code=status_of(exc), content={"detail": exc.message})
 
     @app.exception_handler(RequestValidationError)
-    async def _request_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return invalid_response(_validation_errors(exc))
+    async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return invalid_response(_validation_errors(exc, request))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

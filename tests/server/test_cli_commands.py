@@ -193,3 +193,13 @@ def test_every_option_has_help_with_its_default() -> None:
         assert action.help, f"{where} has no help"
         if action.option_strings and action.default not in (None, False) and not action.required:
             assert "default" in action.help, f"{where}: help does not name the default {action.default!r}"
+
+
+def test_patch_with_an_unknown_field_lists_the_fields_it_takes(client: httpx.Client) -> None:
+    created = client.post("/api/v1/studies", json=spec("patched", num_trials=1))
+    assert created.status_code == 201
+    answer = client.patch(f"/api/v1/studies/{created.json()['id']}", json={"action": "pause"})
+    assert answer.status_code == 422
+    assert answer.json()["detail"] == [
+        {"field": "action", "reason": "is not a known field (known: status, num_trials)"}
+    ]
