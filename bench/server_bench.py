@@ -16,6 +16,7 @@ Needs the `bench` extra (optuna) for the reference half.
 from __future__ import annotations
 
 import argparse
+import atexit
 import http.client
 import json
 import multiprocessing as mp
@@ -23,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -38,13 +40,22 @@ SPACE = [
 ]
 
 
-def fresh_database(admin_url: str, name: str) -> str:
+def fresh_database(admin_url: str, prefix: str) -> str:
+    """A new database with a random name, so two benches can share one Postgres; dropped at exit."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    engine = create_engine(f"{admin_url}/postgres", isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    atexit.register(_drop_database, admin_url, name)
+    return f"{admin_url}/{name}"
+
+
+def _drop_database(admin_url: str, name: str) -> None:
     engine = create_engine(f"{admin_url}/postgres", isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
     engine.dispose()
-    return f"{admin_url}/{name}"
 
 
 def start_server(database_url: str, port: int, workers: int) -> subprocess.Popen[bytes]:
