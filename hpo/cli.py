@@ -29,6 +29,22 @@ class Interrupted(Exception):
     """Ctrl-C (SIGINT) ended a command that already said what it kept: exit status 130."""
 
 
+def command_name() -> str:
+    """How a person on this machine runs this installation of hpo: `hpo` when that is on PATH and is
+    this installation, else the path of its script (`.venv/bin/hpo` from the repository)."""
+    import shutil
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "hpo"
+    found = shutil.which("hpo")
+    if not script.exists() or (found and Path(found).resolve() == script.resolve()):
+        return "hpo"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 

@@ -76,10 +76,10 @@ def _register_demo(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "demo",
         help="run a whole example study end to end: server (SQLite), local Ray worker, real trainer",
-        description="Starts a server on SQLite in --workdir, a worker on a local Ray instance, creates the example "
-        "study (16 trials of the digits workload) and runs it to the end with a progress bar (about a minute on "
-        "2 cores), then prints the best trial per arm, the analysis warnings and where to look next. Ctrl-C stops "
-        "it; what finished stays in --workdir.",
+        description="Starts a server on SQLite in --workdir, a worker on a local Ray instance, creates the "
+        "example study (2 optimizers x 8 trials of 500 steps on synthetic_mlp) and runs it to the end with a "
+        "progress bar (about a minute on 2 cores), then prints the best trial per arm, the analysis warnings "
+        "and where to look next. Ctrl-C stops it; what finished stays in --workdir.",
     )
     parser.add_argument(
         "--workdir", default=".hpo-demo", help="folder for the SQLite database and artifacts (default ./.hpo-demo)"

@@ -240,12 +240,15 @@ def _analysis_lines(client: ServerClient, study_id: int) -> list[str]:
 
 
 def _next_steps(study: dict[str, Any], workdir: Path) -> list[str]:
-    sid = study["id"]
+    from hpo.cli import command_name
+
+    sid, hpo = study["id"], command_name()
     db = f"sqlite:///{workdir / 'hpo.db'}"
     return [
         "",
         "where to look next:",
-        f"  HPO_DATABASE_URL={db} hpo server --port 8000     # then open http://127.0.0.1:8000/",
+        f"  HPO_DATABASE_URL={db} {hpo} server --port 8000     # then open http://127.0.0.1:8000/",
+        f"  {hpo} study analyze {sid} --server 127.0.0.1:8000      # the same checks in the terminal",
         f"  curl -s localhost:8000/api/v1/studies/{sid}/analysis         # boundary, curves, budget checks",
         f"  curl -s 'localhost:8000/api/v1/studies/{sid}/trials?order_by=objective&limit=5'",
         f"  curl -s localhost:8000/api/v1/studies/{sid}/plots/isolation > isolation.svg",
