@@ -1,7 +1,8 @@
 # One image for every service of docker-compose.yml: the server, the Ray head (with `hpo worker`)
-# and the GPU Ray nodes. The base image brings CUDA and a CUDA build of torch; the package's own
-# range (torch>=2.2) is then already satisfied, so pip keeps it.
-FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+# and the GPU Ray nodes. The base image brings CUDA and a CUDA build of torch 2.6; the package's own
+# range (torch>=2.6 in pyproject.toml) is then already satisfied, so pip keeps it instead of
+# downloading another torch. Keep the two in step (tests/test_packaging.py checks it).
+FROM pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime
 
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
 WORKDIR /opt/hpo
