@@ -339,7 +339,21 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"- [{w['kind']}] {w['message']}")
     for c in analysis.get("caveats") or []:
         print(f"  caveat: {c['message']}")
+    _print_left_out(args)
     return 0
+
+
+def _print_left_out(args: argparse.Namespace) -> None:
+    """The checklist reads finished curves: say so when failures or nothing finished lie behind
+    an empty warning list."""
+    counts = request(args, "GET", f"/api/v1/studies/{args.study_id}")["trial_counts"]
+    if counts.get("failed"):
+        print(
+            f"note: {counts['failed']} failed trial(s) are left out of this analysis; "
+            f"`hpo study show {args.study_id}` shows the newest failure's reason"
+        )
+    if not counts.get("completed") and not counts.get("infeasible"):
+        print("note: no trial has finished training yet, so there is nothing to analyze")
 
 
 # --- formatting --------------------------------------------------------------------------------

@@ -203,3 +203,22 @@ def test_patch_with_an_unknown_field_lists_the_fields_it_takes(client: httpx.Cli
     assert answer.json()["detail"] == [
         {"field": "action", "reason": "is not a known field (known: status, num_trials)"}
     ]
+
+
+def test_a_study_of_failed_trials_says_why(client: httpx.Client, capsys: pytest.CaptureFixture[str]) -> None:
+    """A study that paused itself after failures: `show` gives the reason and the way out, `analyze`
+    does not pretend there was nothing to fix."""
+    created = client.post("/api/v1/studies", json=spec("failing", num_trials=4)).json()
+    server = ("--server", str(client.base_url))
+    for _ in range(3):
+        claim = client.post("/api/v1/workers/claim", json={"worker_id": "w", "resources": {"cpus": 8}}).json()
+        body = {"lease_id": claim["lease_id"], "kind": "config", "reason": "unknown params.widht"}
+        assert client.post(f"/api/v1/trials/{claim['trial_id']}/fail", json=body).status_code == 200
+    assert main(["study", "show", str(created["id"]), *server]) == 0
+    out = capsys.readouterr().out
+    assert "[paused]" in out and "[config] unknown params.widht" in out
+    assert f"hpo study resume {created['id']}" in out
+    assert main(["study", "analyze", str(created["id"]), *server]) == 0
+    out = capsys.readouterr().out
+    assert "note: 3 failed trial(s) are left out of this analysis" in out
+    assert "note: no trial has finished training yet" in out
