@@ -176,3 +176,22 @@ def _output(process: subprocess.Popen[str]) -> str:
         process.kill()
         out, _ = process.communicate()
     return out[-4000:]
+
+
+def test_ctrl_c_stops_the_worker_with_130(two_nodes: Cluster, server: LiveServer) -> None:
+    worker = subprocess.Popen(
+        [HPO, "worker", "--server", server.url, "--ray-address", two_nodes.address, "--no-warm-up"],
+        env=two_nodes.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(8)  # joined and polling by now; a Ctrl-C while joining must end the same way
+        worker.send_signal(signal.SIGINT)
+        _, stderr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 130, stderr[-3000:]
+    assert "hpo worker: interrupted" in stderr and "Traceback" not in stderr
