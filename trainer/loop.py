@@ -45,6 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoints, distributed
 from .batchnorm import average_buffers, prepare_batch_norm
 from .config import RunConfig, check_world_size, parse_config
+from .divergence import DivergenceMonitor
 from .errors import ConfigError
 from .evaluation import Evaluator
 from .optim import build_optimizer, set_learning_rate, unused_hyperparameters
@@ -161,6 +162,7 @@ class Run:
         self.examples_per_second: float | None = None
         self.learning_rate = 0.0  # of the newest step, reported with each log line
         self.given_params = given_params  # names the config set itself (for the unused-optimizer warning)
+        self.divergence = DivergenceMonitor(self.settings.divergence_factor, self.settings.divergence_patience)
 
     # -- building --------------------------------------------------------------------------------
 
@@ -373,6 +375,9 @@ class Run:
         if not math.isfinite(norm):
             self.report({"train/loss": global_loss, "train/grad_norm": norm}, step=self.step + 1)
             raise Diverged(self.step + 1, f"gradient norm is {norm}")
+        if (diverged := self.divergence.update(self.step + 1, global_loss)) is not None:
+            self.report({"train/loss": global_loss, "train/grad_norm": norm}, step=self.step + 1)
+            raise Diverged(self.step + 1, diverged)
         self.optimizer.step()
         self.step += 1
         self.history.clipped_steps += int(clipped)

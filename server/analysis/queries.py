@@ -8,7 +8,7 @@ plain values (see `model.py`). Queries are portable between SQLite and Postgres.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,27 +142,49 @@ WHERE rn = (9 * (n - 1)) / 10 + 1 OR rn = (9 * (n - 1)) / 10 + 2
 ORDER BY trial_id, rn
 """
 
-_MEAN = """
-SELECT trial_id, avg(value) AS mean, count(*) AS n FROM metric_points
-WHERE trial_id IN :ids AND name = :metric AND nonfinite = 0
-GROUP BY trial_id
+
+# The share of updates clipped, from per-step data: the gradient norms above the trial's threshold.
+_CLIPPED = """
+SELECT avg(CASE WHEN value > :clip THEN 1.0 ELSE 0.0 END) FROM metric_points
+WHERE trial_id = :trial_id AND name = :metric AND nonfinite = 0
+"""
+
+# Without a known threshold: the last value of the trainer's cumulative series ("the fraction of
+# steps clipped so far"), which is the share over the whole run; its mean is not.
+_LAST = """
+SELECT m.trial_id, m.value FROM metric_points m
+JOIN (SELECT trial_id, max(step) AS step FROM metric_points
+      WHERE trial_id IN :ids AND name = :metric AND nonfinite = 0 GROUP BY trial_id) l
+  ON l.trial_id = m.trial_id AND l.step = m.step
+WHERE m.name = :metric
 """
 
 
 def grad_norm_stats(
-    session: Session, trial_ids: Sequence[int], metric: str = "train/grad_norm", clipped: str = "train/clipped_fraction"
+    session: Session,
+    trial_ids: Sequence[int],
+    metric: str = "train/grad_norm",
+    clipped: str = "train/clipped_fraction",
+    thresholds: Mapping[int, float | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per trial: `{trial_id, p90, n}` of the unclipped gradient norm and the mean
-    `clipped_fraction` (None when the trainer did not report it)."""
+    """Per trial: `{trial_id, p90, n}` of the unclipped gradient norm and `clipped_fraction`: the
+    share of its reported norms above its clipping threshold (`thresholds`, from its params or
+    settings), else the final value of the trainer's cumulative `clipped` series (None when it
+    reported neither)."""
     if not trial_ids:
         return []
     rows = session.execute(
         text(_P90).bindparams(bindparam("ids", expanding=True)), {"ids": list(trial_ids), "metric": metric}
     ).all()
-    means = session.execute(
-        text(_MEAN).bindparams(bindparam("ids", expanding=True)), {"ids": list(trial_ids), "metric": clipped}
+    finals = session.execute(
+        text(_LAST).bindparams(bindparam("ids", expanding=True)), {"ids": list(trial_ids), "metric": clipped}
     ).all()
-    clipped_by = {r.trial_id: float(r.mean) for r in means}
+    clipped_by: dict[int, float | None] = {r.trial_id: float(r.value) for r in finals}
+    for trial_id, clip in (thresholds or {}).items():
+        if clip is not None and trial_id in trial_ids:
+            share = session.execute(text(_CLIPPED), {"trial_id": trial_id, "metric": metric, "clip": clip}).scalar()
+            if share is not None:
+                clipped_by[trial_id] = float(share)
     out: list[dict[str, Any]] = []
     for trial_id in trial_ids:
         mine = [r for r in rows if r.trial_id == trial_id]
@@ -176,6 +198,103 @@ def grad_norm_stats(
             out.append({"trial_id": trial_id, "n": 0, "p90": None})
         out[-1]["clipped_fraction"] = clipped_by.get(trial_id)
     return out
+
+
+# Per completed trial and metric (the objective and the training loss), one pass over its points:
+# count, first value, minimum, the mean of the last 3, and over the "late" points (the last quarter,
+# at least the last 8) their count, how many are uncharacteristically high (divergence.py) and the
+# sums of successive differences and their squares (the late step-to-step noise). Only these
+# aggregates leave the database, never the points.
+_CURVE_STATS = """
+WITH p AS (
+    SELECT m.trial_id, m.name, m.value,
+           row_number() OVER (PARTITION BY m.trial_id, m.name ORDER BY m.step DESC) AS rn_desc,
+           count(*) OVER (PARTITION BY m.trial_id, m.name) AS n,
+           first_value(m.value) OVER (PARTITION BY m.trial_id, m.name ORDER BY m.step) AS v0,
+           min(m.value) OVER (PARTITION BY m.trial_id, m.name) AS vmin,
+           m.value - lag(m.value) OVER (PARTITION BY m.trial_id, m.name ORDER BY m.step) AS d
+    FROM metric_points m JOIN trials t ON t.id = m.trial_id
+    WHERE t.study_id = :study_id AND t.status = 'completed' AND m.name IN :names AND m.nonfinite = 0
+), q AS (
+    SELECT p.*, CASE WHEN 4 * rn_desc <= n OR rn_desc <= 8 THEN 1 ELSE 0 END AS late FROM p
+)
+SELECT trial_id, name, max(n) AS n, max(v0) AS v0, max(vmin) AS vmin,
+       avg(CASE WHEN rn_desc <= 3 THEN value END) AS end3,
+       sum(late) AS late_n,
+       sum(CASE WHEN late = 1 AND v0 > 0 AND value > :factor * v0 AND value > :factor * vmin THEN 1 ELSE 0 END)
+           AS late_high,
+       sum(CASE WHEN late = 1 AND d IS NOT NULL THEN 1 ELSE 0 END) AS late_d,
+       sum(CASE WHEN late = 1 THEN d END) AS late_d_sum,
+       sum(CASE WHEN late = 1 THEN d * d END) AS late_d_sq
+FROM q GROUP BY trial_id, name
+"""
+
+
+@dataclass(frozen=True)
+class CurveStats:
+    """Per-trial aggregates of one metric's curve, as arrays aligned on `trial_ids`."""
+
+    trial_ids: np.ndarray
+    n: np.ndarray
+    first: np.ndarray
+    minimum: np.ndarray
+    end: np.ndarray
+    late_n: np.ndarray
+    late_high: np.ndarray
+    late_noise: np.ndarray
+    late_change: np.ndarray  # net change over the late points (last minus the one before them)
+
+    def of(self, trial_id: int) -> dict[str, float] | None:
+        hit = np.nonzero(self.trial_ids == trial_id)[0]
+        if not len(hit):
+            return None
+        i = int(hit[0])
+        return {f: float(getattr(self, f)[i]) for f in ("n", "first", "minimum", "end", "late_noise", "late_change")}
+
+
+def curve_stats(session: Session, study_id: int, names: Sequence[str], factor: float) -> dict[str, CurveStats]:
+    """`{name: CurveStats}` over the study's completed trials (see `_CURVE_STATS`); `factor` is
+    the divergence rule's (hpo.trainer.divergence). The late noise is the standard deviation of
+    successive differences around their mean (a steady trend does not count), over sqrt(2)."""
+    statement = text(_CURVE_STATS).bindparams(bindparam("names", expanding=True))
+    rows = session.execute(statement, {"study_id": study_id, "names": list(names), "factor": factor}).all()
+    out: dict[str, CurveStats] = {}
+    for name in names:
+        mine = [r for r in rows if r.name == name]
+
+        def col(key: str, mine: list[Any] = mine) -> np.ndarray:
+            return np.array([np.nan if getattr(r, key) is None else float(getattr(r, key)) for r in mine])
+
+        k = np.maximum(col("late_d"), 1.0)
+        mean_d = np.nan_to_num(col("late_d_sum")) / k
+        var_d = np.maximum(np.nan_to_num(col("late_d_sq")) / k - mean_d**2, 0.0) * k / np.maximum(k - 1, 1.0)
+        out[name] = CurveStats(
+            trial_ids=np.array([int(r.trial_id) for r in mine], dtype=np.int64),
+            n=col("n"),
+            first=col("v0"),
+            minimum=col("vmin"),
+            end=col("end3"),
+            late_n=col("late_n"),
+            late_high=col("late_high"),
+            late_noise=np.sqrt(var_d / 2.0),
+            late_change=np.nan_to_num(col("late_d_sum")),
+        )
+    return out
+
+
+def class_count(session: Session, study_id: int, prefix: str) -> int | None:
+    """How many classes the trainer reported per-class counts for (`{prefix}correct/class_K`), from
+    one completed trial; None when it reports none (then chance is unknown)."""
+    one = session.execute(
+        text("SELECT min(id) FROM trials WHERE study_id = :study_id AND status = 'completed'"), {"study_id": study_id}
+    ).scalar()
+    if one is None:
+        return None
+    n = session.execute(
+        text("SELECT count(*) FROM (SELECT DISTINCT name FROM metric_points WHERE trial_id = :t AND name LIKE :p) s"),
+        {"t": one, "p": f"{prefix}correct/class_%"},
+    ).scalar()
+    return int(n) if n else None
 
 
 def last_step(session: Session, study_id: int, metric: str) -> int | None:
