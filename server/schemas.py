@@ -192,3 +192,10 @@ class FailRequest(LeaseRequest):
 
 class ReplicasRequest(_Request):
     count: int = Field(ge=1, le=100)
+
+
+class StudyReplicasRequest(_Request):
+    """Replicas of the best `per_arm` original trials of every arm, `count` of each."""
+
+    per_arm: int = Field(default=1, ge=1, le=10)
+    count: int = Field(ge=1, le=100)
