@@ -28,6 +28,8 @@ CONSISTENT = 0.9
 # late, or all early, by chance).
 TOP_SHARE, TOP_MIN = 0.5, 5
 AGGRESSIVE = 0.5
+# Practically converged: the late gain is below this share of the whole run's gain.
+LATE_GAIN = 0.02
 LONG_WARMUP = 0.05
 
 
@@ -78,14 +80,17 @@ def best_step_summary(
 
 
 def _still_improving(t: TrialSummary, objective: CurveStats | None, sign: float) -> bool:
-    """Whether the trial's objective curve gained more than 3 noise levels over its late part."""
+    """Whether the trial's objective curve still improves over its late part by more than 3 noise
+    levels and, practically, by more than `LATE_GAIN` of what the whole run gained (the same
+    yardsticks as diagnostics.still_improving)."""
     if objective is None:
         return True
     found = objective.of(t.id)
-    if found is None or not found["late_noise"] or found["n"] < 5:
+    if found is None or found["n"] < 5:
         return found is None
     gain = -sign * found["late_change"]
-    return gain > 3.0 * math.sqrt(2.0) * found["late_noise"]
+    total = abs(found["first"] - found["end"])
+    return gain > max(3.0 * math.sqrt(2.0) * found["late_noise"], LATE_GAIN * total)
 
 
 def max_train_steps_warnings(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
