@@ -49,7 +49,7 @@ from .divergence import DivergenceMonitor
 from .errors import ConfigError
 from .evaluation import Evaluator
 from .optim import build_optimizer, set_learning_rate, unused_hyperparameters
-from .reporters import MetricsFile, NullReporter, Reporter
+from .reporters import MetricsFile, NullReporter, Reporter, report_deleted
 from .result import RunResult
 from .sampling import BatchOrder, derive_seed
 from .schedules import learning_rate
@@ -245,9 +245,10 @@ class Run:
         self.metrics_file.flush()  # the file always covers the newest checkpoint
         path = checkpoints.checkpoint_path(self.ckpt_dir, self.step)
         checkpoints.save_atomic(state, path)
-        checkpoints.prune(
+        removed = checkpoints.prune(
             self.ckpt_dir, self.history.objectives.get, self.settings.keep_best_checkpoints, self.config.objective
         )
+        report_deleted(self.reporter, removed)
         self.reporter.checkpoint(self.step, str(path), objective)
 
     def resume_source(self) -> Path | None:

@@ -238,3 +238,19 @@ def test_arms_far_apart_are_different_with_replicas(client: httpx.Client) -> Non
     assert cmp["verdict"] == "different" and cmp["best_arm"] == "optimizer=adam" and cmp["ci"][0] > 0
     assert [a["rank"] for a in result["arms"]] == [1, 2] and result["arms"][0]["label"] == "optimizer=adam"
     assert kinds(result) == []
+
+
+def test_checkpoint_records_follow_retention(client: httpx.Client) -> None:
+    """A checkpoint record may name the steps whose files retention deleted: the server forgets
+    them, so GET /trials/{id}/checkpoints lists only files that exist."""
+    create(client, spec("retention", num_trials=1))
+    claim = client.post(f"{API}/workers/claim", json={"worker_id": "w", "resources": {"cpus": 8, "gpus": 0}}).json()
+    tid, lease = claim["trial_id"], claim["lease_id"]
+    for step, deleted in ((100, []), (200, []), (300, [100]), (400, [200, 999])):
+        body = {"lease_id": lease, "step": step, "uri": f"ckpt/{step}.pt", "objective": 0.5, "deleted_steps": deleted}
+        assert client.post(f"{API}/trials/{tid}/checkpoints", json=body).status_code == 201
+    listed = client.get(f"{API}/trials/{tid}/checkpoints").json()
+    assert sorted(c["step"] for c in listed) == [300, 400]
+    bad = {"lease_id": lease, "step": 500, "uri": "x", "deleted_steps": [-1]}
+    reply = client.post(f"{API}/trials/{tid}/checkpoints", json=bad)
+    assert reply.status_code == 422 and "deleted_steps" in reply.text
