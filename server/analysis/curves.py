@@ -155,9 +155,10 @@ def overfitting_screen(
     exempt: Collection[int],
 ) -> dict[str, Any]:
     """Every finished feasible trial judged from its curve statistics (queries.curve_stats),
-    vectorized: it overfits when the mean of its last 3 evaluations is worse than its best value by
-    more than `overfit_threshold` (the best value's share and the late noise), while its training
-    loss ended below where it started. Answers `{examined, flagged, trial_ids, exempt_ids}`."""
+    vectorized: it overfits when its end level (a line through its last quarter, at its last step)
+    is worse than its best value by more than `overfit_threshold` (the best value's share and the
+    late noise: its own, at least the study's median), while its training loss ended below where
+    it started. Answers `{examined, flagged, trial_ids, exempt_ids}`."""
     by_id = {t.id: t for t in trials if t.feasible and t.objective is not None}
     empty = {"examined": 0, "flagged": 0, "trial_ids": [], "exempt_ids": []}
     if objective is None or not len(objective.trial_ids):
@@ -169,12 +170,18 @@ def overfitting_screen(
     best = sign * np.array([float(by_id[int(i)].objective) for i in ids])  # type: ignore[arg-type]
     end = sign * objective.end[keep]
     n = objective.n[keep]
-    threshold = overfit_threshold(best, objective.late_noise[keep], n)
-    flagged = (n >= 5) & (end - best > threshold)
+    # A trial's late noise comes from a handful of points; the study's median late noise floors it, so
+    # a curve that happens to look quiet is not judged against a noise level it does not have.
+    own = objective.late_noise[keep]
+    sigma = np.maximum(own, float(np.nanmedian(own))) if np.isfinite(own).any() else own
+    threshold = overfit_threshold(best, sigma, n)
+    with np.errstate(invalid="ignore"):
+        flagged = (n >= 5) & (objective.late_n[keep] >= 3) & (end - best > threshold)
     if train is not None and len(train.trial_ids):
         order = {int(t): k for k, t in enumerate(train.trial_ids)}
         at = np.array([order.get(int(i), -1) for i in ids])
-        trained = np.where(at >= 0, train.end[at] < train.first[at], True)
+        with np.errstate(invalid="ignore"):
+            trained = np.where((at >= 0) & np.isfinite(train.first[at]), train.end[at] < train.first[at], True)
         flagged &= trained
     hit = [int(i) for i in ids[flagged]]
     return {

@@ -5,9 +5,10 @@ NaNs or uncharacteristically high values of the loss". The trainer ends such run
 (hpo.trainer.divergence); this module applies the same rule to the curves a study stored, so trials
 run by other trainers (user scripts, older runs) are judged alike:
 
-- diverged: over its late points (the last quarter of its `train/loss` points, at least the last
-  8), at least half are above `factor` times both its initial loss and its minimum (the trainer's
-  rule, with "a sustained stretch" read as "most of the end of training");
+- diverged: every one of its late `train/loss` points (the last quarter of max_train_steps, 3 at
+  least) is above `factor` times its initial loss (the trainer's rule, with "a sustained stretch"
+  read as "the whole end of training"; a trainer's running minimum is never above its initial
+  value, so the initial value sets the threshold);
 - no better than chance: where chance is known, the trial's best objective is no better than
   chance (within `CHANCE_MARGIN` of it). Chance is known when the trainer reports per-class counts
   (`valid/correct/class_K`, as hpo's classification workloads do): error rate 1 - 1/K, accuracy
@@ -22,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from hpo.trainer.divergence import DEFAULT_FACTOR
@@ -50,13 +52,16 @@ def chance_level(metric: str, classes: int | None) -> float | None:
 
 
 def load_trials(
-    session: Session, study: queries.StudyInfo, *, factor: float = DEFAULT_FACTOR
+    session: Session, study: queries.StudyInfo, horizon: float | None = None, *, factor: float = DEFAULT_FACTOR
 ) -> tuple[list[TrialSummary], dict[str, queries.CurveStats]]:
     """The study's trial summaries with diverged completed trials marked (`diverged` holds the
-    reason), and the per-trial curve statistics of the objective and the training loss."""
+    reason), and the per-trial curve statistics of the objective and the training loss (`horizon`
+    is max_train_steps; looked up when not given)."""
     trials = queries.trial_summaries(session, study.id)
     names = sorted({study.metric, TRAIN_LOSS})
-    stats = queries.curve_stats(session, study.id, names, factor)
+    if horizon is None:
+        horizon = queries.horizon(session, study)
+    stats = queries.curve_stats(session, study.id, names, horizon, TRAIN_LOSS)
     prefix = study.metric.rsplit("/", 1)[0] + "/" if "/" in study.metric else ""
     chance = chance_level(study.metric, queries.class_count(session, study.id, prefix))
     reasons = judge(trials, stats.get(TRAIN_LOSS), study.mode, chance, factor)
@@ -73,11 +78,12 @@ def judge(
     """`{trial_id: reason}` for the completed trials judged diverged (vectorized over trials)."""
     out: dict[int, str] = {}
     if train is not None and len(train.trial_ids):
-        high = (train.late_high >= 1) & (2 * train.late_high >= train.late_n)
+        with np.errstate(invalid="ignore"):
+            high = (train.late_n >= 3) & (train.first > 0) & (train.late_min > factor * train.first)
         for i in high.nonzero()[0]:
             out[int(train.trial_ids[i])] = (
-                f"training loss diverged: it ends at {fmt(float(train.end[i]))}, over {factor:g}x its initial value "
-                f"{fmt(float(train.first[i]))} and its minimum {fmt(float(train.minimum[i]))}"
+                f"training loss diverged: it stays above {fmt(float(train.late_min[i]))} to the end, over {factor:g}x "
+                f"its initial value {fmt(float(train.first[i]))}"
             )
     if chance is not None:
         sign = 1.0 if mode == "min" else -1.0

@@ -200,84 +200,111 @@ def grad_norm_stats(
     return out
 
 
-# Per completed trial and metric (the objective and the training loss), one pass over its points:
-# count, first value, minimum, the mean of the last 3, and over the "late" points (the last quarter,
-# at least the last 8) their count, how many are uncharacteristically high (divergence.py) and the
-# sums of successive differences and their squares (the late step-to-step noise). Only these
+# Per completed trial and metric (the objective and the training loss), in one hash aggregate over
+# the study's points (no sort: window functions such as lag or row_number need every point sorted,
+# which cost ten times more on Postgres): count, range, the value at the study's first step, and
+# over the "late" points (steps from `cut`, the last quarter of the horizon) their count, minimum
+# and the sums of a least-squares line through them (end level, slope, residual noise). Only these
 # aggregates leave the database, never the points.
 _CURVE_STATS = """
-WITH p AS (
-    SELECT m.trial_id, m.name, m.value,
-           row_number() OVER (PARTITION BY m.trial_id, m.name ORDER BY m.step DESC) AS rn_desc,
-           count(*) OVER (PARTITION BY m.trial_id, m.name) AS n,
-           first_value(m.value) OVER (PARTITION BY m.trial_id, m.name ORDER BY m.step) AS v0,
-           min(m.value) OVER (PARTITION BY m.trial_id, m.name) AS vmin,
-           m.value - lag(m.value) OVER (PARTITION BY m.trial_id, m.name ORDER BY m.step) AS d
-    FROM metric_points m JOIN trials t ON t.id = m.trial_id
-    WHERE t.study_id = :study_id AND t.status = 'completed' AND m.name IN :names AND m.nonfinite = 0
-), q AS (
-    SELECT p.*, CASE WHEN 4 * rn_desc <= n OR rn_desc <= 8 THEN 1 ELSE 0 END AS late FROM p
-)
-SELECT trial_id, name, max(n) AS n, max(v0) AS v0, max(vmin) AS vmin,
-       avg(CASE WHEN rn_desc <= 3 THEN value END) AS end3,
-       sum(late) AS late_n,
-       sum(CASE WHEN late = 1 AND v0 > 0 AND value > :factor * v0 AND value > :factor * vmin THEN 1 ELSE 0 END)
-           AS late_high,
-       sum(CASE WHEN late = 1 AND d IS NOT NULL THEN 1 ELSE 0 END) AS late_d,
-       sum(CASE WHEN late = 1 THEN d END) AS late_d_sum,
-       sum(CASE WHEN late = 1 THEN d * d END) AS late_d_sq
-FROM q GROUP BY trial_id, name
+SELECT m.trial_id, m.name, count(*) AS n, min(m.value) AS vmin, max(m.value) AS vmax,
+       avg(CASE WHEN m.step = (CASE WHEN m.name = :first_name THEN :first_step ELSE -1 END) THEN m.value END) AS v0,
+       count(CASE WHEN m.step >= :cut THEN 1 END) AS late_n,
+       min(CASE WHEN m.step >= :cut THEN m.value END) AS late_min,
+       sum(CASE WHEN m.step >= :cut THEN CAST(m.step - :cut AS DOUBLE PRECISION) END) AS sx,
+       sum(CASE WHEN m.step >= :cut THEN m.value END) AS sy,
+       sum(CASE WHEN m.step >= :cut THEN CAST(m.step - :cut AS DOUBLE PRECISION) * (m.step - :cut) END) AS sxx,
+       sum(CASE WHEN m.step >= :cut THEN (m.step - :cut) * m.value END) AS sxy,
+       sum(CASE WHEN m.step >= :cut THEN m.value * m.value END) AS syy,
+       max(m.step) AS s1
+FROM metric_points m JOIN trials t ON t.id = m.trial_id
+WHERE t.study_id = :study_id AND t.status = 'completed' AND m.name IN :names AND m.nonfinite = 0
+GROUP BY m.trial_id, m.name
 """
 
 
 @dataclass(frozen=True)
 class CurveStats:
-    """Per-trial aggregates of one metric's curve, as arrays aligned on `trial_ids`."""
+    """Per-trial aggregates of one metric's curve, as arrays aligned on `trial_ids`: `first` the
+    value at the study's first step of the metric (NaN where unknown), `end` the late line's value
+    at the trial's last step, `late_noise` the standard deviation of the late points around that
+    line, `late_change` the line's change across the late part, `late_min` their minimum."""
 
     trial_ids: np.ndarray
     n: np.ndarray
     first: np.ndarray
     minimum: np.ndarray
+    maximum: np.ndarray
     end: np.ndarray
     late_n: np.ndarray
-    late_high: np.ndarray
+    late_min: np.ndarray
     late_noise: np.ndarray
-    late_change: np.ndarray  # net change over the late points (last minus the one before them)
+    late_change: np.ndarray
 
     def of(self, trial_id: int) -> dict[str, float] | None:
         hit = np.nonzero(self.trial_ids == trial_id)[0]
         if not len(hit):
             return None
         i = int(hit[0])
-        return {f: float(getattr(self, f)[i]) for f in ("n", "first", "minimum", "end", "late_noise", "late_change")}
+        fields = ("n", "first", "minimum", "maximum", "end", "late_n", "late_noise", "late_change")
+        return {f: float(getattr(self, f)[i]) for f in fields}
 
 
-def curve_stats(session: Session, study_id: int, names: Sequence[str], factor: float) -> dict[str, CurveStats]:
-    """`{name: CurveStats}` over the study's completed trials (see `_CURVE_STATS`); `factor` is
-    the divergence rule's (hpo.trainer.divergence). The late noise is the standard deviation of
-    successive differences around their mean (a steady trend does not count), over sqrt(2)."""
+def curve_stats(
+    session: Session, study_id: int, names: Sequence[str], horizon: float | None, first_of: str
+) -> dict[str, CurveStats]:
+    """`{name: CurveStats}` over the study's completed trials (see `_CURVE_STATS`): the late part
+    is the last quarter of `horizon` (max_train_steps), `first` is measured for `first_of` only
+    (the training loss, for the divergence rule) at the first step one completed trial reported.
+    The line through the late points is fitted from the sums in numpy, for all trials at once."""
+    one = session.execute(
+        text("SELECT min(id) FROM trials WHERE study_id = :study_id AND status = 'completed'"), {"study_id": study_id}
+    ).scalar()
+    if one is None:
+        return {}
+    first_step = session.execute(
+        text("SELECT min(step) FROM metric_points WHERE trial_id = :t AND name = :name AND nonfinite = 0"),
+        {"t": one, "name": first_of},
+    ).scalar()
+    cut = int(0.75 * horizon) if horizon else 0
     statement = text(_CURVE_STATS).bindparams(bindparam("names", expanding=True))
-    rows = session.execute(statement, {"study_id": study_id, "names": list(names), "factor": factor}).all()
+    params = {
+        "study_id": study_id,
+        "names": list(names),
+        "cut": cut,
+        "first_name": first_of,
+        "first_step": -1 if first_step is None else int(first_step),
+    }
+    rows = session.execute(statement, params).all()
     out: dict[str, CurveStats] = {}
     for name in names:
-        mine = [r for r in rows if r.name == name]
-
-        def col(key: str, mine: list[Any] = mine) -> np.ndarray:
-            return np.array([np.nan if getattr(r, key) is None else float(getattr(r, key)) for r in mine])
-
-        k = np.maximum(col("late_d"), 1.0)
-        mean_d = np.nan_to_num(col("late_d_sum")) / k
-        var_d = np.maximum(np.nan_to_num(col("late_d_sq")) / k - mean_d**2, 0.0) * k / np.maximum(k - 1, 1.0)
+        cols = np.array(
+            [
+                (r.trial_id, r.n, r.v0, r.vmin, r.vmax, r.late_n, r.late_min, r.sx, r.sy, r.sxx, r.sxy, r.syy, r.s1)
+                for r in rows
+                if r.name == name
+            ],
+            dtype=float,
+        ).reshape(-1, 13)
+        k = np.maximum(np.nan_to_num(cols[:, 5]), 1.0)
+        mx, my = np.nan_to_num(cols[:, 7]) / k, np.nan_to_num(cols[:, 8]) / k
+        vxx = np.maximum(np.nan_to_num(cols[:, 9]) / k - mx**2, 0.0)
+        cxy = np.nan_to_num(cols[:, 10]) / k - mx * my
+        slope = np.divide(cxy, vxx, out=np.zeros_like(cxy), where=vxx > 0)
+        resid = np.maximum(np.nan_to_num(cols[:, 11]) / k - my**2 - slope * cxy, 0.0) * k / np.maximum(k - 2, 1.0)
+        width = np.maximum(cols[:, 12] - cut, 0.0)
+        late = cols[:, 5] > 0
         out[name] = CurveStats(
-            trial_ids=np.array([int(r.trial_id) for r in mine], dtype=np.int64),
-            n=col("n"),
-            first=col("v0"),
-            minimum=col("vmin"),
-            end=col("end3"),
-            late_n=col("late_n"),
-            late_high=col("late_high"),
-            late_noise=np.sqrt(var_d / 2.0),
-            late_change=np.nan_to_num(col("late_d_sum")),
+            trial_ids=cols[:, 0].astype(np.int64),
+            n=cols[:, 1],
+            first=cols[:, 2],
+            minimum=cols[:, 3],
+            maximum=cols[:, 4],
+            end=np.where(late, my + slope * (width - mx), np.nan),
+            late_n=cols[:, 5],
+            late_min=cols[:, 6],
+            late_noise=np.sqrt(resid),
+            late_change=slope * width,
         )
     return out
 
@@ -295,6 +322,15 @@ def class_count(session: Session, study_id: int, prefix: str) -> int | None:
         {"t": one, "p": f"{prefix}correct/class_%"},
     ).scalar()
     return int(n) if n else None
+
+
+def horizon(session: Session, study: StudyInfo) -> float | None:
+    """max_train_steps from the spec's trainer settings, else the last step any trial reported."""
+    steps = (study.spec.get("trainer") or {}).get("max_train_steps")
+    if isinstance(steps, (int, float)) and not isinstance(steps, bool) and steps > 0:
+        return float(steps)
+    last = last_step(session, study.id, study.metric)
+    return float(last) if last else None
 
 
 def last_step(session: Session, study_id: int, metric: str) -> int | None:

@@ -85,7 +85,8 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     """Loads the study, its trial summaries, the curves of the best few trials per arm and the
     gradient-norm statistics of each arm's best trial."""
     study = queries.study_info(session, study_id)
-    trials, stats = load_trials(session, study)
+    horizon = horizon_of(session, study)
+    trials, stats = load_trials(session, study, horizon)
     names = sorted({study.metric, OBJECTIVE_TRAIN})
     ranks, curves = queries.best_trial_curves(session, study_id, study.mode, best_few, names)
     feasible = {t.id for t in trials if t.feasible}
@@ -98,7 +99,6 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     by_id = {t.id: t for t in trials}
     clips = {tid: _clip_norm({**settings, **by_id[tid].params}) for tid in best_ids}
     grad = queries.grad_norm_stats(session, best_ids, thresholds=clips)
-    horizon = horizon_of(session, study)
     above = [t.id for _, _, _, group in neighbours_above_best(dimensions(study.spec), trials, sign) for t in group]
     above_curves = queries.curves_of(session, above, [OBJECTIVE_TRAIN]) if above else {}
     return StudyData(
@@ -270,11 +270,7 @@ def _ranked(data: StudyData, arms: Sequence[Mapping[str, Any]]) -> list[dict[str
 
 def horizon_of(session: Session, study: queries.StudyInfo) -> float | None:
     """max_train_steps from the spec's trainer settings, else the last step any trial reported."""
-    steps = (study.spec.get("trainer") or {}).get("max_train_steps")
-    if isinstance(steps, (int, float)) and steps > 0:
-        return float(steps)
-    last = queries.last_step(session, study.id, study.metric)
-    return float(last) if last else None
+    return queries.horizon(session, study)
 
 
 def _counts(trials: Sequence[TrialSummary]) -> dict[str, int]:

@@ -89,7 +89,7 @@ def _still_improving(t: TrialSummary, objective: CurveStats | None, sign: float)
     if found is None or found["n"] < 5:
         return found is None
     gain = -sign * found["late_change"]
-    total = abs(found["first"] - found["end"])
+    total = found["maximum"] - found["minimum"]
     return gain > max(3.0 * math.sqrt(2.0) * found["late_noise"], LATE_GAIN * total)
 
 
