@@ -49,7 +49,9 @@ def best_step_summary(
     if not horizon or horizon <= 0:
         return {"max_train_steps": horizon, "best_step_fractions": [], "top": None, "advice": None, "per_arm": []}
     fractions = [_fraction(t, horizon) for t in feasible]
-    per_arm = []
+    per_arm: list[dict[str, Any]] = []
+    top_ids: list[int] = []
+    all_fractions: list[float] = []
     for label, top in _top_per_arm(feasible, sign):
         top_fractions = [_fraction(t, horizon) for t in top]
         improving = [t.id for t in top if _still_improving(t, objective, sign)]
@@ -68,12 +70,12 @@ def best_step_summary(
                 "advice": advice,
             }
         )
-    top_ids = [i for a in per_arm for i in a["trial_ids"]]
-    top_fractions = [f for a in per_arm for f in a["fractions"]]
+        top_ids += [t.id for t in top]
+        all_fractions += top_fractions
     return {
         "max_train_steps": horizon,
         "best_step_fractions": fractions,
-        "top": {"trial_ids": top_ids, "fractions": top_fractions},
+        "top": {"trial_ids": top_ids, "fractions": all_fractions},
         "advice": next((a["advice"] for a in per_arm if a["advice"]), None),
         "per_arm": per_arm,
     }
