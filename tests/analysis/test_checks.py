@@ -215,3 +215,15 @@ def test_overfitting_is_not_warned_about_at_low_settings_of_a_scientific_regular
 def test_answer_is_json_safe() -> None:
     value = json_safe({"a": [np.float64(1.5), float("nan"), np.int64(3)], "b": (float("inf"),)})
     assert value == {"a": [1.5, None, 3], "b": [None]}
+
+
+def test_overfitting_in_max_mode_says_the_metric_falls() -> None:
+    from hpo.server.analysis.curves import curve_warning
+    from hpo.server.analysis.diagnostics import check_curves
+
+    valid, train = planted.overfitting(0)
+    accuracy = Curve(valid.steps, 1.0 - valid.values)
+    (finding,) = [f for f in check_curves(accuracy, train, sign=-1.0) if f.kind == "overfitting"]
+    assert finding.facts["end"] < finding.facts["best"]
+    entry = {"trial_id": 1, "rank": 1, "label": "all trials"}
+    assert "then falls to" in curve_warning(entry, finding, "valid/accuracy")["message"]
