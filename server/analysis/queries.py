@@ -83,8 +83,9 @@ def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:
     ]
 
 
-# The best `k` completed original trials of each arm (row_number over the arm), with the curves
-# asked for. ORDER BY direction comes from a fixed pair of strings, never from input.
+# The best `k` completed original trials of each arm (row_number over the arm). ORDER BY direction
+# comes from a fixed pair of strings, never from input. Their curves are a second query by id: in
+# one join, Postgres cannot know how few trials the ranking keeps and scans every point.
 _BEST_CURVES = """
 WITH ranked AS (
     SELECT id, number, row_number() OVER (PARTITION BY CAST(arm AS TEXT) ORDER BY objective_value {direction}, number)
@@ -92,10 +93,7 @@ WITH ranked AS (
     FROM trials
     WHERE study_id = :study_id AND replica_of IS NULL AND status = 'completed' AND objective_value IS NOT NULL
 )
-SELECT r.id AS trial_id, r.arm_rank, m.name, m.step, m.value, m.nonfinite
-FROM ranked r LEFT JOIN metric_points m ON m.trial_id = r.id AND m.name IN :names
-WHERE r.arm_rank <= :k
-ORDER BY r.id, m.name, m.step
+SELECT r.id AS trial_id, r.arm_rank FROM ranked r WHERE r.arm_rank <= :k
 """
 
 
@@ -103,12 +101,10 @@ def best_trial_curves(
     session: Session, study_id: int, mode: str, k: int, names: Sequence[str]
 ) -> tuple[dict[int, int], dict[int, dict[str, Curve]]]:
     """The best `k` trials of every arm, `{trial_id: rank in its arm}`, and their `names` curves."""
-    statement = text(_BEST_CURVES.format(direction="ASC" if mode == "min" else "DESC")).bindparams(
-        bindparam("names", expanding=True)
-    )
-    rows = session.execute(statement, {"study_id": study_id, "k": k, "names": list(names)}).all()
+    statement = text(_BEST_CURVES.format(direction="ASC" if mode == "min" else "DESC"))
+    rows = session.execute(statement, {"study_id": study_id, "k": k}).all()
     ranks = {r.trial_id: int(r.arm_rank) for r in rows}
-    return ranks, _curves(r for r in rows if r.name is not None)
+    return ranks, curves_of(session, sorted(ranks), names)
 
 
 def curves_of(
