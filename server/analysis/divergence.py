@@ -5,10 +5,13 @@ NaNs or uncharacteristically high values of the loss". The trainer ends such run
 (hpo.trainer.divergence); this module applies the same rule to the curves a study stored, so trials
 run by other trainers (user scripts, older runs) are judged alike:
 
-- diverged: every one of its late `train/loss` points (the last quarter of max_train_steps, 3 at
-  least) is above `factor` times its initial loss (the trainer's rule, with "a sustained stretch"
-  read as "the whole end of training"; a trainer's running minimum is never above its initial
-  value, so the initial value sets the threshold);
+- diverged: its `train/loss` stays above `factor` times its initial loss (the value at the study's
+  first logged step) from some point of the last quarter of max_train_steps to the end, for at
+  least 3 points and a tenth of that quarter's points (the trainer's rule, with "a sustained
+  stretch" read as "to the end of training"; a trainer's running minimum is never above its
+  initial value, so the initial value sets the threshold). The per-trial aggregates pick the
+  candidates in the database (their late maximum is that high); only the candidates' late points
+  are read;
 - no better than chance: where chance is known, the trial's best objective is no better than
   chance (within `CHANCE_MARGIN` of it). Chance is known when the trainer reports per-class counts
   (`valid/correct/class_K`, as hpo's classification workloads do): error rate 1 - 1/K, accuracy
@@ -20,7 +23,7 @@ instability hint, red crosses on the axis plots, and they leave the best-of-k bo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -29,7 +32,7 @@ from sqlalchemy.orm import Session
 from hpo.trainer.divergence import DEFAULT_FACTOR
 
 from . import queries
-from .model import TrialSummary, fmt
+from .model import Curve, TrialSummary, fmt
 
 TRAIN_LOSS = "train/loss"
 # "No better than chance": the best value is within this share of chance's own value from it.
@@ -64,27 +67,41 @@ def load_trials(
     stats = queries.curve_stats(session, study.id, names, horizon, TRAIN_LOSS)
     prefix = study.metric.rsplit("/", 1)[0] + "/" if "/" in study.metric else ""
     chance = chance_level(study.metric, queries.class_count(session, study.id, prefix))
-    reasons = judge(trials, stats.get(TRAIN_LOSS), study.mode, chance, factor)
+    train = stats.get(TRAIN_LOSS)
+    late: dict[int, Curve] = {}
+    if train is not None and len(train.trial_ids):
+        with np.errstate(invalid="ignore"):
+            candidates = train.trial_ids[(train.first > 0) & (train.late_max > factor * train.first)]
+        late = queries.late_points(session, [int(i) for i in candidates], TRAIN_LOSS, queries.late_cut(horizon))
+    reasons = judge(trials, train, late, study.mode, chance, factor)
     return [replace(t, diverged=reasons[t.id]) if t.id in reasons else t for t in trials], stats
 
 
 def judge(
     trials: Sequence[TrialSummary],
     train: queries.CurveStats | None,
+    late: Mapping[int, Curve],
     mode: str,
     chance: float | None,
     factor: float = DEFAULT_FACTOR,
 ) -> dict[int, str]:
-    """`{trial_id: reason}` for the completed trials judged diverged (vectorized over trials)."""
+    """`{trial_id: reason}` for the completed trials judged diverged: `late` holds the late
+    training-loss points of the candidates (see the module doc)."""
     out: dict[int, str] = {}
     if train is not None and len(train.trial_ids):
-        with np.errstate(invalid="ignore"):
-            high = (train.late_n >= 3) & (train.first > 0) & (train.late_min > factor * train.first)
-        for i in high.nonzero()[0]:
-            out[int(train.trial_ids[i])] = (
-                f"training loss diverged: it stays above {fmt(float(train.late_min[i]))} to the end, over {factor:g}x "
-                f"its initial value {fmt(float(train.first[i]))}"
-            )
+        first = dict(zip(train.trial_ids.tolist(), train.first.tolist(), strict=True))
+        for trial_id, curve in late.items():
+            initial = first.get(trial_id, math.nan)
+            values = curve.values
+            high = np.nan_to_num(values, nan=np.inf) > factor * initial
+            # the length of the run of high values that reaches the end of training
+            run = len(high) - int(np.nonzero(~high)[0][-1]) - 1 if (~high).any() else len(high)
+            if initial > 0 and run >= max(3, math.ceil(0.1 * len(values))):
+                since = int(curve.steps[len(high) - run])
+                out[trial_id] = (
+                    f"training loss diverged: above {factor:g}x its initial value {fmt(initial)} from step {since} to "
+                    f"the end (last {fmt(float(values[-1]))})"
+                )
     if chance is not None:
         sign = 1.0 if mode == "min" else -1.0
         margin = CHANCE_MARGIN * abs(chance)

@@ -207,6 +207,7 @@ SELECT m.trial_id, m.name, count(*) AS n, min(m.value) AS vmin, max(m.value) AS 
        avg(CASE WHEN m.step = (CASE WHEN m.name = :first_name THEN :first_step ELSE -1 END) THEN m.value END) AS v0,
        count(CASE WHEN m.step >= :cut THEN 1 END) AS late_n,
        min(CASE WHEN m.step >= :cut THEN m.value END) AS late_min,
+       max(CASE WHEN m.step >= :cut THEN m.value END) AS late_max,
        sum(CASE WHEN m.step >= :cut THEN CAST(m.step - :cut AS DOUBLE PRECISION) END) AS sx,
        sum(CASE WHEN m.step >= :cut THEN m.value END) AS sy,
        sum(CASE WHEN m.step >= :cut THEN CAST(m.step - :cut AS DOUBLE PRECISION) * (m.step - :cut) END) AS sxx,
@@ -234,6 +235,7 @@ class CurveStats:
     end: np.ndarray
     late_n: np.ndarray
     late_min: np.ndarray
+    late_max: np.ndarray
     late_noise: np.ndarray
     late_change: np.ndarray
 
@@ -262,7 +264,7 @@ def curve_stats(
         text("SELECT min(step) FROM metric_points WHERE trial_id = :t AND name = :name AND nonfinite = 0"),
         {"t": one, "name": first_of},
     ).scalar()
-    cut = int(0.75 * horizon) if horizon else 0
+    cut = late_cut(horizon)
     statement = text(_CURVE_STATS).bindparams(bindparam("names", expanding=True))
     params = {
         "study_id": study_id,
@@ -274,14 +276,11 @@ def curve_stats(
     rows = session.execute(statement, params).all()
     out: dict[str, CurveStats] = {}
     for name in names:
+        fields = ("trial_id", "n", "v0", "vmin", "vmax", "late_n", "late_min", "sx", "sy", "sxx", "sxy", "syy", "s1")
         cols = np.array(
-            [
-                (r.trial_id, r.n, r.v0, r.vmin, r.vmax, r.late_n, r.late_min, r.sx, r.sy, r.sxx, r.sxy, r.syy, r.s1)
-                for r in rows
-                if r.name == name
-            ],
+            [(*(getattr(r, f) for f in fields), r.late_max) for r in rows if r.name == name],
             dtype=float,
-        ).reshape(-1, 13)
+        ).reshape(-1, 14)
         k = np.maximum(np.nan_to_num(cols[:, 5]), 1.0)
         mx, my = np.nan_to_num(cols[:, 7]) / k, np.nan_to_num(cols[:, 8]) / k
         vxx = np.maximum(np.nan_to_num(cols[:, 9]) / k - mx**2, 0.0)
@@ -299,10 +298,28 @@ def curve_stats(
             end=np.where(late, my + slope * (width - mx), np.nan),
             late_n=cols[:, 5],
             late_min=cols[:, 6],
+            late_max=cols[:, 13],
             late_noise=np.sqrt(resid),
             late_change=slope * width,
         )
     return out
+
+
+def late_cut(horizon: float | None) -> int:
+    """The first step of the "late" part of training: the last quarter of the horizon."""
+    return int(0.75 * horizon) if horizon else 0
+
+
+def late_points(session: Session, trial_ids: Sequence[int], name: str, cut: int) -> dict[int, Curve]:
+    """The points of `name` from step `cut` on, for a few trials (through the primary key)."""
+    if not trial_ids:
+        return {}
+    statement = text(
+        "SELECT trial_id, name, step, value, nonfinite FROM metric_points "
+        "WHERE trial_id IN :ids AND name = :name AND step >= :cut ORDER BY trial_id, step"
+    ).bindparams(bindparam("ids", expanding=True))
+    found = _curves(session.execute(statement, {"ids": list(trial_ids), "name": name, "cut": cut}))
+    return {tid: by_name[name] for tid, by_name in found.items() if name in by_name}
 
 
 def class_count(session: Session, study_id: int, prefix: str) -> int | None:
