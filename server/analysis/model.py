@@ -30,9 +30,10 @@ class TrialSummary:
     # Why a completed trial with finite values is judged infeasible (divergence.py), else None.
     diverged: str | None = None
 
-    @property
+    @cached_property
     def feasible(self) -> bool:
-        """Completed with a finite objective, and not judged diverged from its curves."""
+        """Completed with a finite objective, and not judged diverged from its curves (computed
+        once: every check asks, over every trial)."""
         return (
             self.status == "completed"
             and self.objective is not None
@@ -40,7 +41,7 @@ class TrialSummary:
             and self.diverged is None
         )
 
-    @property
+    @cached_property
     def infeasible(self) -> bool:
         """Playbook, "Extracting insight": trials that diverge, get really bad (non-finite or
         uncharacteristically high) values or fail because of the point itself. A completed trial

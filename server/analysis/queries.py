@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -197,14 +198,15 @@ def grad_norm_stats(
 
 
 # Per completed trial and metric (the objective and the training loss), in one hash aggregate over
-# the study's points (no sort: window functions such as lag or row_number need every point sorted,
-# which cost ten times more on Postgres): count, range, the value at the study's first step, and
-# over the "late" points (steps from `cut`, the last quarter of the horizon) their count, minimum
-# and the sums of a least-squares line through them (end level, slope, residual noise). Only these
-# aggregates leave the database, never the points.
+# the study's late points (steps from `cut`, the last quarter of the horizon) and its first point
+# (no sort: window functions such as lag or row_number need every point sorted, which cost ten
+# times more on Postgres): the value at the metric's first step, and over the late points their
+# count, minimum, maximum and the sums of a least-squares line through them (end level, slope,
+# residual noise). Only these aggregates leave the database, never the points.
 _CURVE_STATS = """
 SELECT m.trial_id, m.name, count(*) AS n, min(m.value) AS vmin, max(m.value) AS vmax,
-       avg(CASE WHEN m.step = (CASE WHEN m.name = :first_name THEN :first_step ELSE -1 END) THEN m.value END) AS v0,
+       avg(CASE WHEN m.step = (CASE WHEN m.name = :first_name THEN :first_step ELSE :first_obj END) THEN m.value END)
+           AS v0,
        count(CASE WHEN m.step >= :cut THEN 1 END) AS late_n,
        min(CASE WHEN m.step >= :cut THEN m.value END) AS late_min,
        max(CASE WHEN m.step >= :cut THEN m.value END) AS late_max,
@@ -216,6 +218,7 @@ SELECT m.trial_id, m.name, count(*) AS n, min(m.value) AS vmin, max(m.value) AS 
        max(m.step) AS s1
 FROM metric_points m JOIN trials t ON t.id = m.trial_id
 WHERE t.study_id = :study_id AND t.status = 'completed' AND m.name IN :names AND m.nonfinite = 0
+  AND (m.step >= :cut OR m.step = :first_step OR m.step = :first_obj)
 GROUP BY m.trial_id, m.name
 """
 
@@ -223,9 +226,11 @@ GROUP BY m.trial_id, m.name
 @dataclass(frozen=True)
 class CurveStats:
     """Per-trial aggregates of one metric's curve, as arrays aligned on `trial_ids`: `first` the
-    value at the study's first step of the metric (NaN where unknown), `end` the late line's value
-    at the trial's last step, `late_noise` the standard deviation of the late points around that
-    line, `late_change` the line's change across the late part, `late_min` their minimum."""
+    value at the study's first step of the metric (NaN where unknown), `minimum` and `maximum` over
+    that first point and the late points, `n` the number of points (estimated from the late ones:
+    the late quarter holds a quarter of them), `end` the late line's value at the trial's last
+    step, `late_noise` the standard deviation of the late points around that line, `late_change`
+    the line's change across the late part, `late_min`/`late_max` their extremes."""
 
     trial_ids: np.ndarray
     n: np.ndarray
@@ -239,11 +244,14 @@ class CurveStats:
     late_noise: np.ndarray
     late_change: np.ndarray
 
+    @cached_property
+    def _index(self) -> dict[int, int]:
+        return {int(t): i for i, t in enumerate(self.trial_ids)}
+
     def of(self, trial_id: int) -> dict[str, float] | None:
-        hit = np.nonzero(self.trial_ids == trial_id)[0]
-        if not len(hit):
+        i = self._index.get(trial_id)
+        if i is None:
             return None
-        i = int(hit[0])
         fields = ("n", "first", "minimum", "maximum", "end", "late_n", "late_noise", "late_change")
         return {f: float(getattr(self, f)[i]) for f in fields}
 
@@ -260,10 +268,15 @@ def curve_stats(
     ).scalar()
     if one is None:
         return {}
-    first_step = session.execute(
-        text("SELECT min(step) FROM metric_points WHERE trial_id = :t AND name = :name AND nonfinite = 0"),
-        {"t": one, "name": first_of},
-    ).scalar()
+    firsts = {
+        name: session.execute(
+            text("SELECT min(step) FROM metric_points WHERE trial_id = :t AND name = :name AND nonfinite = 0"),
+            {"t": one, "name": name},
+        ).scalar()
+        for name in names
+    }
+    first_step = firsts.get(first_of)
+    other = next((s for n, s in firsts.items() if n != first_of and s is not None), None)
     cut = late_cut(horizon)
     statement = text(_CURVE_STATS).bindparams(bindparam("names", expanding=True))
     params = {
@@ -272,6 +285,7 @@ def curve_stats(
         "cut": cut,
         "first_name": first_of,
         "first_step": -1 if first_step is None else int(first_step),
+        "first_obj": -1 if other is None else int(other),
     }
     rows = session.execute(statement, params).all()
     out: dict[str, CurveStats] = {}
@@ -291,7 +305,7 @@ def curve_stats(
         late = cols[:, 5] > 0
         out[name] = CurveStats(
             trial_ids=cols[:, 0].astype(np.int64),
-            n=cols[:, 1],
+            n=np.nan_to_num(cols[:, 5]) * cols[:, 12] / np.maximum(width, 1.0),
             first=cols[:, 2],
             minimum=cols[:, 3],
             maximum=cols[:, 4],
