@@ -254,3 +254,17 @@ def test_checkpoint_records_follow_retention(client: httpx.Client) -> None:
     bad = {"lease_id": lease, "step": 500, "uri": "x", "deleted_steps": [-1]}
     reply = client.post(f"{API}/trials/{tid}/checkpoints", json=bad)
     assert reply.status_code == 422 and "deleted_steps" in reply.text
+
+
+def test_replica_seeds_never_collide_even_at_point_zero(client: httpx.Client) -> None:
+    """Point 0's second arm once drew its replica seeds from its trial number (1), exactly those of
+    point 1's replicas."""
+    study = create(client, spec("seeds", num_trials=2, scientific=ARMS))
+    items = client.get(f"{API}/studies/{study['id']}/trials").json()["items"]
+    by_number = {t["number"]: t for t in items}
+    for number in (1, 2):  # point 0's second arm, point 1's first arm
+        assert client.post(f"{API}/trials/{by_number[number]['id']}/replicas", json={"count": 3}).status_code == 201
+    items = client.get(f"{API}/studies/{study['id']}/trials", params={"limit": 100}).json()["items"]
+    replica_seeds = [t["seed"] for t in items if t["replica_of"] is not None]
+    assert len(replica_seeds) == 6 and len(set(replica_seeds)) == 6
+    assert not set(replica_seeds) & {t["seed"] for t in items if t["replica_of"] is None}
