@@ -19,7 +19,7 @@ from .boundary import check_boundaries
 from .curves import OBJECTIVE_TRAIN
 from .divergence import load_trials
 from .isolation import isolation_series
-from .service import BEST_FEW, budgets, evaluation_noise, horizon_of, load
+from .service import BEST_FEW, budgets, horizon_of, noise_of
 from .space import dimensions
 from .training import best_step_summary
 
@@ -92,9 +92,11 @@ def _best_steps(session: Session, study: queries.StudyInfo, _trial_id: int | Non
 
 
 def _budget(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
-    data = load(session, study.id)
-    arms = arm_summaries(data.trials, data.sign)
-    series, _ = budgets(data.trials, arms, data.sign, study.metric, evaluation_noise(data))
+    trials, _ = load_trials(session, study)  # diverged trials never win a draw
+    sign = 1.0 if study.mode == "min" else -1.0
+    ranks, curves = queries.best_trial_curves(session, study.id, study.mode, BEST_FEW, [study.metric])
+    arms = arm_summaries(trials, sign)
+    series, _ = budgets(trials, arms, sign, study.metric, noise_of(trials, ranks, curves, study.metric))
     return {"series": series}
 
 

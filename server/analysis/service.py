@@ -216,10 +216,17 @@ def budgets(
 
 def evaluation_noise(data: StudyData) -> dict[str, float]:
     """Per arm key, the median late step-to-step noise of its best trials' objective curves."""
+    return noise_of(data.trials, data.ranks, data.curves, data.study.metric)
+
+
+def noise_of(
+    trials: Sequence[TrialSummary], ranks: Mapping[int, int], curves: Mapping[int, Mapping[str, Curve]], metric: str
+) -> dict[str, float]:
+    """`evaluation_noise` from its parts (the budget plot loads only these)."""
     per_arm: dict[str, list[float]] = {}
-    by_id = {t.id: t for t in data.trials}
-    for trial_id in data.ranks:
-        curve = data.curves.get(trial_id, {}).get(data.study.metric)
+    by_id = {t.id: t for t in trials}
+    for trial_id in ranks:
+        curve = curves.get(trial_id, {}).get(metric)
         if curve is not None and trial_id in by_id:
             per_arm.setdefault(by_id[trial_id].arm_key, []).append(late_noise(curve))
     return {key: float(np.median(values)) for key, values in per_arm.items()}
