@@ -189,7 +189,15 @@ def isolation_plot(data: dict[str, Any]) -> Figure:
         points = [p for p in s["points"] if p["best_value"] is not None]
         xs = list(range(len(points))) if s["kind"] == "arms" else [p["x"] for p in points]
         ys = [p["best_value"] for p in points]
-        errs = [p["std"] or 0.0 for p in points]
+        if s["kind"] == "buckets":
+            # the bucket's bootstrap interval of its best value (analysis/isolation.py), asymmetric
+            lo = [max(0.0, y - (y if p.get("lo") is None else p["lo"])) for p, y in zip(points, ys, strict=True)]
+            hi = [max(0.0, (y if p.get("hi") is None else p["hi"]) - y) for p, y in zip(points, ys, strict=True)]
+            errs: Any = [lo, hi]
+            if s.get("scale") == "log":
+                ax.set_xscale("log")
+        else:
+            errs = [p["std"] or 0.0 for p in points]
         ax.errorbar(xs, ys, yerr=errs, fmt="o-" if s["kind"] == "buckets" else "o", capsize=4, color=COLORS[0])
         if s["kind"] == "arms":
             ax.set_xticks(xs, [p["x"] for p in points], fontsize=8, rotation=15)

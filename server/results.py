@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select, text
+from sqlalchemy import delete, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
@@ -59,6 +59,14 @@ def record_checkpoint(db: Database, trial_id: int, lease_id: str, checkpoint: Ch
             row = Checkpoint(trial_id=trial_id, attempt=trial.attempt, step=checkpoint.step, uri=checkpoint.uri)
             session.add(row)
         row.uri, row.objective = checkpoint.uri, checkpoint.objective
+        gone = [s for s in checkpoint.deleted_steps if s != checkpoint.step]
+        if gone:
+            # The server lists only checkpoints whose files exist (retention deleted these).
+            session.execute(
+                delete(Checkpoint).where(
+                    Checkpoint.trial_id == trial_id, Checkpoint.attempt == trial.attempt, Checkpoint.step.in_(gone)
+                )
+            )
         session.flush()
         return row.id
 

@@ -3,7 +3,7 @@ They are also the frozen value types the service functions return, separate from
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -168,6 +168,8 @@ class CheckpointIn(LeaseRequest):
     step: int = Field(ge=0, lt=2**31)
     uri: str = Field(min_length=1, max_length=4000)
     objective: float | None = None
+    # Steps of this attempt whose files retention deleted: their records are removed.
+    deleted_steps: list[Annotated[int, Field(ge=0, lt=2**31)]] = Field(default_factory=list, max_length=100_000)
 
     @field_validator("objective", mode="before")
     @classmethod
@@ -191,4 +193,11 @@ class FailRequest(LeaseRequest):
 
 
 class ReplicasRequest(_Request):
+    count: int = Field(ge=1, le=100)
+
+
+class StudyReplicasRequest(_Request):
+    """Replicas of the best `per_arm` original trials of every arm, `count` of each."""
+
+    per_arm: int = Field(default=1, ge=1, le=10)
     count: int = Field(ge=1, le=100)

@@ -250,10 +250,12 @@ def _public(session: Session, study: Study) -> StudyPublic:
 
 
 def _best_trial(session: Session, study: Study) -> tuple[int, float] | None:
+    # Replicas never become the study's best: they rerun an already-selected trial with new seeds,
+    # so the luckiest of them is the winner's curse twice over (analysis/arms.py).
     order = Trial.objective_value.asc() if study.objective_mode == "min" else Trial.objective_value.desc()
     row = session.execute(
         select(Trial.id, Trial.objective_value)
-        .where(Trial.study_id == study.id, Trial.objective_value.is_not(None))
+        .where(Trial.study_id == study.id, Trial.objective_value.is_not(None), Trial.replica_of.is_(None))
         .where(Trial.status.in_([TrialStatus.completed, TrialStatus.running]))
         .order_by(order, Trial.id)
         .limit(1)

@@ -88,9 +88,15 @@ def create_replicas(db: Database, trial_id: int, count: int) -> list[int]:
             or 0
         )
         last_number = session.scalar(select(func.max(Trial.number)).where(Trial.study_id == study.id)) or 0
+        used = set(session.scalars(select(Trial.seed).where(Trial.study_id == study.id)))
+        # A point index of 0 is a real point (not "missing"); a trial without one (laid out by no
+        # sequence) draws from indices no sequence reaches.
+        point = original.point_index if original.point_index is not None else 2**31 + original.number
         rows: list[dict[str, Any]] = []
         for i in range(1, count + 1):
             replica_index = existing + i
+            seed = replica_seed(study.seed, point, replica_index, used)
+            used.add(seed)
             rows.append(
                 {
                     "study_id": study.id,
@@ -99,7 +105,7 @@ def create_replicas(db: Database, trial_id: int, count: int) -> list[int]:
                     "params": original.params,
                     "point_index": original.point_index,
                     "unit_point": original.unit_point,
-                    "seed": layout.trial_seed(study.seed, original.point_index or original.number, replica_index),
+                    "seed": seed,
                     "replica_of": source_id,
                     "replica_index": replica_index,
                     "status": TrialStatus.pending,
@@ -109,6 +115,19 @@ def create_replicas(db: Database, trial_id: int, count: int) -> list[int]:
                 }
             )
         return list(session.scalars(insert(Trial).returning(Trial.id, sort_by_parameter_order=True), rows))
+
+
+def replica_seed(study_seed: int, point: int, replica_index: int, used: set[int]) -> int:
+    """The seed of a replica: `layout.trial_seed` of its point and replica index, redrawn (with a
+    deterministic salt) until it differs from every seed already in the study, so a replica never
+    repeats another trial's run (31-bit seeds collide by chance once a study holds tens of
+    thousands of trials)."""
+    salt = 0
+    while True:
+        seed = layout.trial_seed(study_seed, point, replica_index + salt * 2**32)
+        if seed not in used:
+            return seed
+        salt += 1
 
 
 def trial_public(trial: Trial) -> TrialPublic:

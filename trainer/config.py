@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .divergence import DEFAULT_FACTOR, DEFAULT_PATIENCE
 from .errors import ConfigError
 from .schedules import SCHEDULES
 
@@ -82,6 +83,9 @@ class TrainerSettings:
     resume_from: str | None = None
     collective_timeout_s: float = 300.0
     chance_loss_tolerance: float = 0.5
+    # Divergence by sustained, uncharacteristically high training loss (trainer/divergence.py).
+    divergence_factor: float | None = DEFAULT_FACTOR
+    divergence_patience: int = DEFAULT_PATIENCE
 
     @property
     def checkpoint_every(self) -> int:
@@ -215,6 +219,14 @@ def parse_trainer(raw: Mapping[str, Any]) -> TrainerSettings:
         resume_from=None if raw.get("resume_from") is None else _text("trainer.resume_from", raw["resume_from"]),
         collective_timeout_s=_real("trainer.collective_timeout_s", raw.get("collective_timeout_s", 300.0), above=0.0),
         chance_loss_tolerance=_real("trainer.chance_loss_tolerance", raw.get("chance_loss_tolerance", 0.5), above=0.0),
+        divergence_factor=(
+            None
+            if raw.get("divergence_factor", d.divergence_factor) is None
+            else _real("trainer.divergence_factor", raw.get("divergence_factor", d.divergence_factor), above=1.0)
+        ),
+        divergence_patience=_integer(
+            "trainer.divergence_patience", raw.get("divergence_patience", d.divergence_patience), minimum=1
+        ),
     )
     return settings
 

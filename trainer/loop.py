@@ -45,10 +45,11 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoints, distributed
 from .batchnorm import average_buffers, prepare_batch_norm
 from .config import RunConfig, check_world_size, parse_config
+from .divergence import DivergenceMonitor
 from .errors import ConfigError
 from .evaluation import Evaluator
 from .optim import build_optimizer, set_learning_rate, unused_hyperparameters
-from .reporters import MetricsFile, NullReporter, Reporter
+from .reporters import MetricsFile, NullReporter, Reporter, report_deleted
 from .result import RunResult
 from .sampling import BatchOrder, derive_seed
 from .schedules import learning_rate
@@ -161,6 +162,7 @@ class Run:
         self.examples_per_second: float | None = None
         self.learning_rate = 0.0  # of the newest step, reported with each log line
         self.given_params = given_params  # names the config set itself (for the unused-optimizer warning)
+        self.divergence = DivergenceMonitor(self.settings.divergence_factor, self.settings.divergence_patience)
 
     # -- building --------------------------------------------------------------------------------
 
@@ -243,9 +245,10 @@ class Run:
         self.metrics_file.flush()  # the file always covers the newest checkpoint
         path = checkpoints.checkpoint_path(self.ckpt_dir, self.step)
         checkpoints.save_atomic(state, path)
-        checkpoints.prune(
+        removed = checkpoints.prune(
             self.ckpt_dir, self.history.objectives.get, self.settings.keep_best_checkpoints, self.config.objective
         )
+        report_deleted(self.reporter, removed)
         self.reporter.checkpoint(self.step, str(path), objective)
 
     def resume_source(self) -> Path | None:
@@ -373,6 +376,9 @@ class Run:
         if not math.isfinite(norm):
             self.report({"train/loss": global_loss, "train/grad_norm": norm}, step=self.step + 1)
             raise Diverged(self.step + 1, f"gradient norm is {norm}")
+        if (diverged := self.divergence.update(self.step + 1, global_loss)) is not None:
+            self.report({"train/loss": global_loss, "train/grad_norm": norm}, step=self.step + 1)
+            raise Diverged(self.step + 1, diverged)
         self.optimizer.step()
         self.step += 1
         self.history.clipped_steps += int(clipped)

@@ -30,13 +30,23 @@ class Reporter(Protocol):
     - `checkpoint(step, path, objective_value)`: a checkpoint was written and kept; the objective is
       None for checkpoints not taken at an evaluation (periodic, stop).
     - `should_stop()`: polled once per step; must not block. When it answers True, every rank
-      stops after the current step, a checkpoint is written and `train()` answers `stopped`."""
+      stops after the current step, a checkpoint is written and `train()` answers `stopped`.
+    - optional `checkpoints_deleted(steps)`: retention deleted the files of these steps (called
+      before the `checkpoint` whose save triggered it), so whoever records checkpoints can forget
+      them; a reporter without the method is simply not told (`report_deleted`)."""
 
     def metrics(self, step: int, values: dict[str, float]) -> None: ...
 
     def checkpoint(self, step: int, path: str, objective_value: float | None) -> None: ...
 
     def should_stop(self) -> bool: ...
+
+
+def report_deleted(reporter: Reporter, steps: list[int]) -> None:
+    """Tells `reporter` which checkpoint files retention deleted, when it wants to know."""
+    hook = getattr(reporter, "checkpoints_deleted", None)
+    if steps and hook is not None:
+        hook(list(steps))
 
 
 class NullReporter:

@@ -103,11 +103,21 @@ class ServerClient:
         return self.request("POST", f"{API}/trials/{trial_id}/metrics", body, retry_for).json()
 
     def post_checkpoint(
-        self, trial_id: int, lease_id: str, step: int, uri: str, objective: float | None, retry_for: float = 0
+        self,
+        trial_id: int,
+        lease_id: str,
+        step: int,
+        uri: str,
+        objective: float | None,
+        retry_for: float = 0,
+        deleted: list[int] | None = None,
     ) -> None:
-        """Records a checkpoint the next attempt may resume from."""
+        """Records a checkpoint the next attempt may resume from, and forgets the records of the
+        `deleted` steps (files retention removed)."""
         value = None if objective is None else json_float(float(objective))
-        body = {"lease_id": lease_id, "step": step, "uri": uri, "objective": value}
+        body: dict[str, Any] = {"lease_id": lease_id, "step": step, "uri": uri, "objective": value}
+        if deleted:
+            body["deleted_steps"] = deleted
         self.request("POST", f"{API}/trials/{trial_id}/checkpoints", body, retry_for)
 
     def complete(self, trial_id: int, lease_id: str, retry_for: float = 0) -> None:

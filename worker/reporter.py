@@ -117,6 +117,7 @@ class HttpReporter:
         self._stop_requested = stop_requested
         self._flush_points, self._flush_seconds = flush_points, flush_seconds
         self._checkpoints: deque[tuple[int, str, float | None]] = deque()
+        self._deleted: set[int] = set()  # steps whose files retention deleted, not yet told
         self._delivered_step = -1
         self._unflushed = 0
         self._wake, self._closing = threading.Event(), threading.Event()
@@ -139,6 +140,13 @@ class HttpReporter:
         """Queues the record; it is sent once the points up to `step` are delivered."""
         self._checkpoints.append((int(step), checkpoint_uri(self._root, Path(path)), objective_value))
         self._wake.set()
+
+    def checkpoints_deleted(self, steps: list[int]) -> None:
+        """Retention deleted these steps' files: records not yet sent are dropped, the others are
+        deleted on the server with the next checkpoint record (which always follows)."""
+        gone = set(steps)
+        self._checkpoints = deque(c for c in self._checkpoints if c[0] not in gone)
+        self._deleted |= gone
 
     def should_stop(self) -> bool:
         if self.lease_lost:
@@ -205,8 +213,10 @@ class HttpReporter:
                 break
         while self._checkpoints and (final or self._checkpoints[0][0] < self._delivered_step):
             step, uri, objective = self._checkpoints[0]
+            deleted = sorted(self._deleted)
             try:
-                self._client.post_checkpoint(self._trial_id, self._lease_id, step, uri, objective, retry_for)
+                self._client.post_checkpoint(self._trial_id, self._lease_id, step, uri, objective, retry_for, deleted)
+                self._deleted -= set(deleted)
             except ProtocolError as exc:
                 if isinstance(exc, LeaseLost):
                     raise

@@ -1,39 +1,63 @@
-"""The best trial per arm with the nuisance hyperparameters optimized away, retrain variance from
-replicas, and whether arms differ by more than that variance.
+"""The best trial per arm with the nuisance hyperparameters optimized away, trial variance measured
+from replicas, and whether the best arms differ by more than it.
 
-Playbook, "Detecting whether a change is useful with isolation plots": each point is the best trial
-over the nuisance hyperparameters for one setting of the scientific ones. "Determining whether to
-adopt a training pipeline change": run the best trial N times to characterize the run-to-run trial
-variance, and adopt a change only when it beats the baseline taking that variance into account."""
+Playbook (002), "Detecting whether a change is useful with isolation plots": each point is the best
+trial over the nuisance hyperparameters for one setting of the scientific ones. "Determining
+whether to adopt a training pipeline change": trial variance (same hyperparameters, different
+seeds) is measured by rerunning the best trial several times, and a change is adopted only when it
+beats the baseline taking that variance into account.
+
+Two pitfalls this module avoids:
+- winner's curse: the original trial was *selected* as its arm's best, so its value is optimistic.
+  Replica statistics (`replica_mean`, `replica_std`, `replica_ci`, `n_replicas`) use the replicas
+  only, never the selected original;
+- comparing a gap with the spread of single runs: the question is whether the *means* differ, so
+  the difference of the two best arms' replica means gets a Welch confidence interval (the standard
+  error of a difference of means shrinks with the number of replicas)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from .model import TrialSummary, arm_label, fmt, warning
 
+CONFIDENCE = 0.95
+# Power for the replicas advice: replicas per arm to resolve a gap at 95% confidence, 80% power.
+_Z_POWER = 1.96 + 0.84
+
 
 def arm_summaries(trials: Sequence[TrialSummary], sign: float) -> list[dict[str, Any]]:
-    """One entry per arm, best arm first: its best trial among the original (non-replica) trials,
-    counts, and the replicas of that best trial (`n_replicas` finished ones, `replica_std` and
-    `replica_mean` over the best trial and its replicas when there are at least two values)."""
+    """One entry per arm, ranked (`rank` 1 = best): by replica mean where the arm's best trial has
+    finished replicas, else by its best value. Each holds its best trial among the original
+    (non-replica) feasible trials, counts, and the replica statistics of that best trial."""
     groups: dict[str, list[TrialSummary]] = {}
     for t in trials:
         groups.setdefault(t.arm_key, []).append(t)
-    summaries = [_summary(group, trials, sign) for group in groups.values()]
-    return sorted(summaries, key=lambda a: (a["best_value"] is None, sign * (a["best_value"] or 0.0), a["label"]))
+    replicas_of: dict[int, list[TrialSummary]] = {}
+    for t in trials:
+        if t.replica_of is not None:
+            replicas_of.setdefault(t.replica_of, []).append(t)
+    summaries = [_summary(group, replicas_of, sign) for group in groups.values()]
+    summaries.sort(key=lambda a: (_score(a) is None, sign * (_score(a) or 0.0), a["label"]))
+    for rank, a in enumerate(summaries, 1):
+        a["rank"] = rank
+    return summaries
 
 
-def _summary(group: list[TrialSummary], trials: Sequence[TrialSummary], sign: float) -> dict[str, Any]:
+def _score(arm: Mapping[str, Any]) -> float | None:
+    return arm["replica_mean"] if arm["replica_mean"] is not None else arm["best_value"]
+
+
+def _summary(group: list[TrialSummary], replicas_of: Mapping[int, list[TrialSummary]], sign: float) -> dict[str, Any]:
     originals = [t for t in group if t.replica_of is None]
     feasible = [t for t in originals if t.feasible]
     best = min(feasible, key=lambda t: (sign * (t.objective or 0.0), t.number)) if feasible else None
     counts = {s: sum(t.status == s for t in originals) for s in ("completed", "running", "pending", "failed")}
-    replicas = _replica_stats(best, trials)
     return {
         "arm": dict(group[0].arm),
         "label": arm_label(group[0].arm),
@@ -46,53 +70,128 @@ def _summary(group: list[TrialSummary], trials: Sequence[TrialSummary], sign: fl
         "n_infeasible": sum(t.infeasible for t in originals),
         "n_failed": counts["failed"],
         "n_unfinished": counts["running"] + counts["pending"],
-        **replicas,
+        **replica_stats(replicas_of.get(best.id, []) if best else []),
     }
 
 
-def _replica_stats(best: TrialSummary | None, trials: Sequence[TrialSummary]) -> dict[str, Any]:
-    if best is None:
-        return {
-            "n_replicas": 0,
-            "n_replicas_infeasible": 0,
-            "replica_std": None,
-            "replica_mean": None,
-            "replica_values": [],
-        }
-    reps = [t for t in trials if t.replica_of == best.id]
-    values = [float(best.objective or 0.0)] + [float(t.objective or 0.0) for t in reps if t.feasible]
-    std = float(np.std(values, ddof=1)) if len(values) >= 2 else None
+def replica_stats(replicas: Sequence[TrialSummary]) -> dict[str, Any]:
+    """Statistics of the finished replicas of one trial, the selected original excluded:
+    `n_replicas` (feasible ones), `n_replicas_infeasible`, `replica_values`, `replica_mean` (one or
+    more), `replica_std` and `replica_ci` (a t interval of the mean; two or more)."""
+    values = [float(t.objective or 0.0) for t in replicas if t.feasible]
+    n = len(values)
+    mean = float(np.mean(values)) if n else None
+    std = float(np.std(values, ddof=1)) if n >= 2 else None
+    ci = None
+    if n >= 2 and mean is not None and std is not None:
+        half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
+        ci = [mean - half, mean + half]
     return {
-        "n_replicas": len(values) - 1,
-        "n_replicas_infeasible": sum(t.infeasible for t in reps),
-        "replica_std": std,
-        "replica_mean": float(np.mean(values)) if len(values) >= 2 else None,
+        "n_replicas": n,
+        "n_replicas_infeasible": sum(t.infeasible for t in replicas),
         "replica_values": values,
+        "replica_mean": mean,
+        "replica_std": std,
+        "replica_ci": ci,
     }
 
 
-def within_noise_warnings(arms: Sequence[dict[str, Any]], sign: float) -> list[dict[str, Any]]:
-    """`within_noise` for each arm whose replica mean trails the best arm's by less than the
-    spread of a difference of two single runs, sqrt(std_a^2 + std_b^2); needs replicas in both."""
-    measured = [a for a in arms if a["replica_std"] is not None]
-    if len(measured) < 2:
-        return []
-    leader = min(measured, key=lambda a: sign * a["replica_mean"])
-    out = []
-    for other in measured:
-        if other is leader:
-            continue
-        gap = abs(leader["replica_mean"] - other["replica_mean"])
-        spread = math.hypot(leader["replica_std"], other["replica_std"])
-        if gap < spread:
-            out.append(warning("within_noise", _noise_message(leader, other, gap, spread)))
+def comparison(arms: Sequence[Mapping[str, Any]], sign: float) -> dict[str, Any] | None:
+    """The two best-ranked arms compared: `difference` (runner-up minus best, oriented so positive
+    means the best arm is better, in the metric's units), its Welch confidence interval and the
+    verdict: `different` when the interval excludes 0, `within_noise` when it does not, `unknown`
+    without two replicas of each (trial variance unmeasured). None with fewer than two arms."""
+    ranked = [a for a in arms if a["best_value"] is not None]
+    if len(ranked) < 2:
+        return None
+    best, runner = ranked[0], ranked[1]
+    out: dict[str, Any] = {
+        "best_arm": best["label"],
+        "runner_up": runner["label"],
+        "difference": sign * (_score(runner) - _score(best)),  # type: ignore[operator]
+        "ci": None,
+        "verdict": "unknown",
+        "method": None,
+        "p_value": None,
+    }
+    a, b = best["replica_values"], runner["replica_values"]
+    if len(a) < 2 or len(b) < 2:
+        return out
+    va, vb = float(np.var(a, ddof=1)) / len(a), float(np.var(b, ddof=1)) / len(b)
+    diff = sign * (float(np.mean(b)) - float(np.mean(a)))
+    se = math.sqrt(va + vb)
+    if se == 0:
+        dof, half, p = float("inf"), 0.0, 0.0 if diff else 1.0
+    else:
+        dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if va + vb > 0 else float("inf")
+        half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, dof)) * se
+        p = float(2 * stats.t.sf(abs(diff) / se, dof))
+    lo, hi = diff - half, diff + half
+    out.update(
+        difference=diff,
+        ci=[lo, hi],
+        verdict="different" if lo > 0 or hi < 0 else "within_noise",
+        method="welch",
+        p_value=p,
+        pooled_std=math.sqrt((float(np.var(a, ddof=1)) + float(np.var(b, ddof=1))) / 2),
+    )
     return out
 
 
-def _noise_message(leader: dict[str, Any], other: dict[str, Any], gap: float, spread: float) -> str:
-    return (
-        f"Arm {leader['label']} beats arm {other['label']} by {fmt(gap)} on average over their replicas, "
-        f"less than the run-to-run spread {fmt(spread)} measured from {leader['n_replicas']} and "
-        f"{other['n_replicas']} replicas: the difference may be trial variance. Treat the arms as tied, or "
-        "run more replicas (POST /api/v1/trials/{id}/replicas) before adopting the change."
+def trial_variance(arms: Sequence[Mapping[str, Any]], eval_noise: float | None) -> dict[str, Any]:
+    """Whether trial variance was measured (some arm's best trial has two or more replicas), the
+    evaluation noise estimated from late curves (a lower bound on it, always available), and a
+    sentence that says which."""
+    measured = [a for a in arms if a["replica_std"] is not None]
+    if measured:
+        spread = ", ".join(f"{a['label']}: {fmt(a['replica_std'])} ({a['n_replicas']} replicas)" for a in measured)
+        message = f"Trial variance measured from replicas of each arm's best trial (std {spread})."
+    else:
+        noise = f" Evaluation noise alone, from late training curves, is about {fmt(eval_noise)}." if eval_noise else ""
+        message = (
+            "Trial variance is unmeasured: no trial has two or more finished replicas, so the differences between "
+            f"trials and arms carry no uncertainty.{noise} Replicate the best trial of each arm "
+            "(POST /api/v1/studies/{id}/replicas) to measure it."
+        )
+    return {"measured": bool(measured), "eval_noise_std": eval_noise, "message": message}
+
+
+def comparison_warnings(
+    cmp: Mapping[str, Any] | None, arms: Sequence[Mapping[str, Any]], study_id: int
+) -> list[dict[str, Any]]:
+    """`within_noise` when replicas show the two best arms are not clearly different, and
+    `replicas_recommended` whenever they are not shown different (no replicas yet, or too few)."""
+    if cmp is None or cmp["verdict"] == "different":
+        return []
+    out = []
+    best, runner = cmp["best_arm"], cmp["runner_up"]
+    if cmp["verdict"] == "within_noise":
+        lo, hi = cmp["ci"]
+        out.append(
+            warning(
+                "within_noise",
+                f"Arm {best} beats arm {runner} by {fmt(cmp['difference'])} on average over their replicas, but the "
+                f"{CONFIDENCE:.0%} confidence interval of the difference, [{fmt(lo)}, {fmt(hi)}] (Welch, p = "
+                f"{cmp['p_value']:.2g}), includes 0: the difference may be trial variance. Treat the arms as tied, or "
+                "run more replicas before adopting the change.",
+            )
+        )
+    have = min((a["n_replicas"] for a in arms[:2]), default=0)
+    need = _replicas_needed(cmp)
+    more = f" About {need} replicas per arm would resolve a gap of this size." if need else ""
+    text = (
+        f"Arms {best} and {runner} are not clearly different ("
+        + ("trial variance is unmeasured" if cmp["verdict"] == "unknown" else f"only {have} replicas each")
+        + f"): replicate the best trial of each arm before concluding (POST /api/v1/studies/{study_id}/replicas "
+        + '{"per_arm": 1, "count": 5}).'
+        + more
     )
+    out.append(warning("replicas_recommended", text))
+    return out
+
+
+def _replicas_needed(cmp: Mapping[str, Any]) -> int | None:
+    std, diff = cmp.get("pooled_std"), abs(cmp["difference"] or 0.0)
+    if not std or not diff:
+        return None
+    return max(2, math.ceil(2 * (_Z_POWER * std / diff) ** 2))

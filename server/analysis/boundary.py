@@ -5,12 +5,17 @@ sampled from it is close to its boundary; if the best points cluster towards the
 dimension, widen it until the best observed point is no longer close to the boundary.
 
 A check is one (declaration, arm) pair, over that arm's feasible trials (replicas left out), in the
-space of the declaration's scale. It flags a side when both hold:
-- the best trial sits in the outer `band` of the range on that side, and
-- the objective improves steadily towards that side: Spearman's rank correlation between position
-  and objective is significant one-sided at `alpha`.
-The second condition keeps a hyperparameter that does not matter (whose best trial lands near an
-edge by chance) or an optimum inside the range from raising a false alarm."""
+space of the declaration's scale. It flags a side when the best trial sits in the outer `band` of
+the range on that side and either
+- "trend": the objective improves steadily towards that side (Spearman's rank correlation between
+  position and objective is significant one-sided at `alpha`), or
+- "cluster": the best few trials (the best `TOP_FEW`) all sit in the outer `CLUSTER_BAND` on that
+  side, whatever the rest of the range does. This catches an optimum at the edge shaped as a cliff
+  (flat elsewhere), which has no trend across the range.
+A hyperparameter that does not matter puts its best trial near an edge by chance, but rarely its
+best two in the same narrow band, and rarely with a trend; an optimum inside the range puts them
+inside. docs/analysis.md gives the detection and false-alarm rates measured over Halton designs
+(bench/boundary_power.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +32,10 @@ from .space import Dimension, unit, widened
 BAND = 0.15
 ALPHA = 0.01
 MIN_TRIALS = 6
+# "Cluster": the best TOP_HIT of the TOP_FEW best trials all in the outer CLUSTER_BAND on one side.
+# Narrower than BAND and strict, because a hyperparameter that does not matter puts two of the
+# best trials in one outer band by chance (2 x 0.1^2 = 2% per side, against 6% with 2 of the top 3 in 15%).
+TOP_FEW, TOP_HIT, CLUSTER_BAND = 2, 2, 0.10
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class BoundaryCheck:
     p_value: float
     side: str | None
     suggested: Any = None
+    rule: str | None = None  # "trend" or "cluster" when flagged
+    top_in_band: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +67,8 @@ class BoundaryCheck:
             "rho": round(self.rho, 4),
             "p_value": float(f"{self.p_value:.3g}"),
             "side": self.side,
+            "rule": self.rule,
+            "top_in_band": self.top_in_band,
             "range": [self.dim.min, self.dim.max] if self.dim.type != "discrete" else list(self.dim.values),
             "scale": self.dim.scale,
             "suggested": self.suggested,
@@ -95,12 +108,21 @@ def _check_one(
         return None
     rho, p_two = stats.spearmanr(u, y)
     rho, p_one = float(rho), float(p_two) / 2
-    best = int(np.argmin(y))
-    side = None
-    if u[best] >= 1 - band and rho < 0 and p_one < alpha:
-        side = "max"
-    elif u[best] <= band and rho > 0 and p_one < alpha:
-        side = "min"
+    order = np.argsort(y, kind="stable")
+    best = int(order[0])
+    top = u[order[:TOP_FEW]]
+    side, rule, hits = None, None, 0
+    for name, at_edge, in_band, trend in (
+        ("max", u[best] >= 1 - band, top >= 1 - CLUSTER_BAND, rho < 0),
+        ("min", u[best] <= band, top <= CLUSTER_BAND, rho > 0),
+    ):
+        if not at_edge:
+            continue
+        hits = int(in_band.sum())
+        if trend and p_one < alpha:
+            side, rule = name, "trend"
+        elif hits >= TOP_HIT:
+            side, rule = name, "cluster"
     best_trial = usable[best][2]
     return BoundaryCheck(
         dim=dim,
@@ -113,6 +135,8 @@ def _check_one(
         p_value=p_one,
         side=side,
         suggested=widened(dim, side) if side else None,
+        rule=rule,
+        top_in_band=hits,
     )
 
 
@@ -137,6 +161,11 @@ def _warning(group: list[BoundaryCheck], n_arms: int) -> dict[str, Any]:
         else "[" + ", ".join(map(fmt, dim.values)) + "]"
     )
     best = ", ".join(fmt(c.best_value) for c in group)
+    why = (
+        f"the objective improves towards that edge, Spearman rho = {first.rho:.2f} over {first.n} trials"
+        if first.rule == "trend"
+        else f"the {first.top_in_band} best trials all lie in the outer {CLUSTER_BAND:.0%} of the range"
+    )
     if first.suggested is None:
         action = f"The range cannot be widened on that side; consider reparameterizing {dim.name}."
     elif dim.type == "discrete":
@@ -145,7 +174,6 @@ def _warning(group: list[BoundaryCheck], n_arms: int) -> dict[str, Any]:
         action = f"Widen the range: try {side} = {fmt(first.suggested)} and run another study."
     message = (
         f"{dim.label}: the best trials{where} sit at the {side} edge of the searched range {searched} "
-        f"(best at {best}; the objective improves towards that edge, Spearman rho = {first.rho:.2f} over "
-        f"{first.n} trials), so a better point may lie outside it. {action}"
+        f"(best at {best}; {why}), so a better point may lie outside it. {action}"
     )
     return warning("boundary", message, param=dim.name, side=side)

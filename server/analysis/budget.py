@@ -31,10 +31,16 @@ class BudgetCurve:
     ks: list[int]
     quantiles: dict[float, list[float | None]]
     mean: list[float | None]
+    sign: float = 1.0
 
     def as_dict(self) -> dict[str, Any]:
+        """Quantiles named by the percentile of the *metric's values* (`p5` is always the lower
+        one): `quantiles` are taken in lower-is-better order, so in `max` mode the oriented 5% is
+        the values' 95th percentile."""
         names = {0.05: "p5", 0.25: "p25", 0.5: "median", 0.75: "p75", 0.95: "p95"}
-        quantiles = {names.get(q, f"q{q}"): v for q, v in self.quantiles.items()}
+        quantiles = {
+            names.get(q if self.sign > 0 else round(1.0 - q, 6), f"q{q}"): v for q, v in self.quantiles.items()
+        }
         return {"n": self.n, "k": self.ks, "mean": self.mean, **quantiles}
 
 
@@ -61,7 +67,7 @@ def best_of_k(
         picked = oriented[np.clip(index, 1, n) - 1] if n else np.array([])
         out[q] = [None if not math.isfinite(v) else float(sign * v) for v in picked]
     mean = [None if m is None else float(sign * m) for m in _expected_best(oriented, ks)]
-    return BudgetCurve(n=n, ks=ks, quantiles=out, mean=mean)
+    return BudgetCurve(n=n, ks=ks, quantiles=out, mean=mean, sign=sign)
 
 
 def _expected_best(oriented: np.ndarray, ks: Sequence[int]) -> list[float | None]:

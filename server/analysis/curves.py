@@ -1,13 +1,19 @@
-"""Curve findings of the best few trials of each arm, turned into warnings a person can act on
-(playbook, "Examining the training curves")."""
+"""Curve findings of the best few trials of each arm, turned into warnings a person can act on,
+and the overfitting screen of every finished trial (playbook, "Examining the training curves":
+"Even if none of the 'best' trials are exhibiting problematic overfitting, there might still be a
+problem if it occurs in any of the trials")."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from .diagnostics import Finding, check_curves
-from .model import Curve, fmt, warning
+import numpy as np
+
+from .diagnostics import Finding, check_curves, overfit_threshold
+from .model import Curve, TrialSummary, fmt, warning
+from .queries import CurveStats
+from .space import Dimension, unit
 
 OBJECTIVE_TRAIN = "train/loss"
 
@@ -18,12 +24,12 @@ def curve_report(
     metric: str,
     sign: float,
     horizon: float | None,
-    regularizer: str | None,
+    exempt: Collection[int] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Runs the curve checks on each ranked trial (`{trial_id, arm, label, rank, best_value,
-    best_step}`); answers the per-trial reports and the warnings. With `regularizer` naming a
-    scientific hyperparameter that regularizes, overfitting is reported but not warned about
-    (playbook: low settings of a regularizer are expected to overfit)."""
+    best_step}`); answers the per-trial reports and the warnings. Overfitting of a trial in
+    `exempt` (a low-strength setting of a scientific regularizer, `exempt_trials`) is reported but
+    not warned about."""
     reports, warnings = [], []
     for entry in ranked:
         series = curves.get(entry["trial_id"], {})
@@ -35,7 +41,7 @@ def curve_report(
         )
         report = {**entry, "findings": []}
         for finding in findings:
-            suppressed = finding.kind == "overfitting" and regularizer is not None
+            suppressed = finding.kind == "overfitting" and entry["trial_id"] in exempt
             report["findings"].append({"kind": finding.kind, "facts": finding.facts, "suppressed": suppressed})
             if not suppressed:
                 warnings.append(curve_warning(entry, finding, metric))
@@ -55,8 +61,9 @@ def _overfitting(who: str, metric: str, f: Mapping[str, Any]) -> str:
     train = ""
     if "train_end" in f:
         train = f" while {OBJECTIVE_TRAIN} keeps falling ({fmt(f['train_at_best'])} to {fmt(f['train_end'])})"
+    moves = "rises" if f["end"] > f["best"] else "falls"
     return (
-        f"{who} overfits: {metric} is best at step {fmt(f['best_step'])} ({fmt(f['best'])}) and then rises to "
+        f"{who} overfits: {metric} is best at step {fmt(f['best_step'])} ({fmt(f['best'])}) and then {moves} to "
         f"{fmt(f['end'])}{train}. Re-run with more or better-tuned regularization (dropout, weight decay, label "
         "smoothing) before comparing the scientific hyperparameters."
     )
@@ -99,3 +106,103 @@ _MESSAGES = {
     "saturated_early": _saturated_early,
     "training_loss_rising": _training_loss_rising,
 }
+
+
+# A regularizer's setting counts as low-strength in the lower half of its range (in its scale's
+# space), or as the lower half of its ordered values, or when it is off (0, false, "none").
+LOW_STRENGTH = 0.5
+
+
+def regularizers(dims: Sequence[Dimension]) -> list[Dimension]:
+    """The scientific hyperparameters that are regularizers (by name, `space.is_regularizer`)."""
+    from .space import is_regularizer
+
+    return [d for d in dims if d.role == "scientific" and is_regularizer(d.name)]
+
+
+def exempt_trials(dims: Sequence[Dimension], trials: Sequence[TrialSummary]) -> set[int]:
+    """Trials whose overfitting is expected, per the playbook's narrower wording: "if the
+    scientific hyperparameters include regularization parameters ... it would not be surprising
+    if low-strength settings of those regularization parameters resulted in problematic
+    overfitting". Only trials at a low-strength setting of a scientific regularizer are exempt;
+    the same study's strongly regularized trials are still warned about."""
+    regs = regularizers(dims)
+    out = set()
+    for t in trials:
+        for d in regs:
+            value = t.params.get(d.name, t.arm.get(d.name))
+            if d.applies(t.arm) and _low_strength(d, value):
+                out.add(t.id)
+    return out
+
+
+def _low_strength(dim: Dimension, value: Any) -> bool:
+    if value is None or value is False or value == 0 or (isinstance(value, str) and value.lower() in ("none", "off")):
+        return True
+    if dim.type in ("float", "int", "discrete"):
+        u = unit(dim, value)
+        return u is not None and u <= LOW_STRENGTH
+    if dim.type == "categorical" and dim.values:
+        return list(dim.values).index(value) < len(dim.values) / 2 if value in dim.values else False
+    return False
+
+
+def overfitting_screen(
+    trials: Sequence[TrialSummary],
+    objective: CurveStats | None,
+    train: CurveStats | None,
+    sign: float,
+    exempt: Collection[int],
+) -> dict[str, Any]:
+    """Every finished feasible trial judged from its curve statistics (queries.curve_stats),
+    vectorized: it overfits when its end level (a line through its last quarter, at its last step)
+    is worse than its best value by more than `overfit_threshold` (the best value's share and the
+    late noise: its own, at least the study's median), while its training loss ended below where
+    it started. Answers `{examined, flagged, trial_ids, exempt_ids}`."""
+    by_id = {t.id: t for t in trials if t.feasible and t.objective is not None}
+    empty = {"examined": 0, "flagged": 0, "trial_ids": [], "exempt_ids": []}
+    if objective is None or not len(objective.trial_ids):
+        return empty
+    keep = np.array([int(i) in by_id for i in objective.trial_ids], dtype=bool)
+    ids = objective.trial_ids[keep]
+    if not len(ids):
+        return empty
+    best = sign * np.array([float(by_id[int(i)].objective) for i in ids])  # type: ignore[arg-type]
+    end = sign * objective.end[keep]
+    n = objective.n[keep]
+    # A trial's late noise comes from a handful of points; the study's median late noise floors it, so
+    # a curve that happens to look quiet is not judged against a noise level it does not have.
+    own = objective.late_noise[keep]
+    sigma = np.maximum(own, float(np.nanmedian(own))) if np.isfinite(own).any() else own
+    threshold = overfit_threshold(best, sigma, n)
+    with np.errstate(invalid="ignore"):
+        flagged = (n >= 5) & (objective.late_n[keep] >= 3) & (end - best > threshold)
+    if train is not None and len(train.trial_ids):
+        order = {int(t): k for k, t in enumerate(train.trial_ids)}
+        at = np.array([order.get(int(i), -1) for i in ids])
+        with np.errstate(invalid="ignore"):
+            trained = np.where((at >= 0) & np.isfinite(train.first[at]), train.end[at] < train.first[at], True)
+        flagged &= trained
+    hit = [int(i) for i in ids[flagged]]
+    return {
+        "examined": int(len(ids)),
+        "flagged": len(hit),
+        "trial_ids": [i for i in hit if i not in exempt],
+        "exempt_ids": [i for i in hit if i in exempt],
+    }
+
+
+def screen_warnings(screen: Mapping[str, Any], warned: Collection[int], metric: str) -> list[dict[str, Any]]:
+    """One `overfitting` warning (no trial_id) for the flagged trials that are not among the best
+    few already warned about individually."""
+    others = [i for i in screen["trial_ids"] if i not in warned]
+    if not others:
+        return []
+    shown = ", ".join(map(str, others[:8])) + (", ..." if len(others) > 8 else "")
+    message = (
+        f"{len(screen['trial_ids'])} of the {screen['examined']} finished trials overfit ({metric} ends well worse "
+        f"than its best value), {len(others)} of them beyond the best few (trials {shown}). Selecting the best trial "
+        "favours configurations with more regularization, including accidental ones such as a smaller learning rate "
+        "(playbook, \"Examining the training curves\"): add or re-tune regularization before comparing arms."
+    )
+    return [warning("overfitting", message)]

@@ -8,7 +8,12 @@ increasing during training usually indicates a bug in the training pipeline".
 Every check works on the validation objective oriented so that lower is better, smoothed with a
 running median, and measures changes against two yardsticks: the curve's own range (how much the
 trial improved) and its step-to-step noise (a robust estimate from successive differences). A
-change must clear both, so clean curves and pure noise raise nothing."""
+change must clear both, so clean curves and pure noise raise nothing.
+
+Overfitting is the exception: its rise is judged against the best value itself and the curve's
+late noise (`overfit_threshold`), never against the range, which the initial drop from chance
+dominates (a validation error doubling from 0.05 to 0.10 after its best is a tenth of a 0.9 → 0.05
+range, yet plainly overfitting)."""
 
 from __future__ import annotations
 
@@ -19,8 +24,9 @@ import numpy as np
 
 from .model import Curve
 
-# Overfitting: the objective rises after its best by more than this share of its range.
-OVERFIT_RISE = 0.10
+# Overfitting: the objective ends worse than its best by more than this share of the best value
+# (and by more than the noise allows, `overfit_threshold`).
+OVERFIT_REL = 0.05
 # High variance: late step-to-step noise above this share of the range.
 LATE_NOISE = 0.03
 # Still improving: the fitted improvement over the last quarter above this share of the range.
@@ -65,11 +71,21 @@ def check_curves(
     return [_in_units(f, sign) for f in findings if f is not None]
 
 
+def overfit_threshold(best: np.ndarray | float, sigma: np.ndarray | float, n: np.ndarray | float) -> Any:
+    """How far the end of a curve must lie beyond its best value to count as overfitting: more than
+    `OVERFIT_REL` of the best value, and more than the noise can explain. The best is the extreme of
+    n noisy evaluations, about sigma * sqrt(2 ln n) beyond the level, and the end level (a mean of 3)
+    carries noise too, hence sigma * (sqrt(2 ln n) + 2). Vectorized over arrays."""
+    n = np.maximum(np.asarray(n, dtype=float), 2.0)
+    return np.maximum(OVERFIT_REL * np.abs(best), np.asarray(sigma) * (np.sqrt(2.0 * np.log(n)) + 2.0))
+
+
 def overfitting(valid: Curve, train: Curve | None) -> Finding | None:
-    """Problematic overfitting: the validation objective first improves (by more than 3 noise
-    levels), then rises after its best (the median of the last three evaluations ends above the
-    best smoothed level by more than `OVERFIT_RISE` of the curve's range and 3 noise levels, with a
-    rising trend: t statistic over 2) while the training loss keeps falling."""
+    """Problematic overfitting (playbook: "the validation error starts increasing at some point
+    during training"): the validation objective first improves (by more than 3 noise levels), then
+    ends (the median of the last three evaluations) worse than its best smoothed level by more than
+    `overfit_threshold`, with a rising trend (t statistic over 2), while the training loss keeps
+    falling."""
     s = smooth(valid.values)
     b = int(np.argmin(s))
     after = valid.values[b:]
@@ -78,7 +94,8 @@ def overfitting(valid: Curve, train: Curve | None) -> Finding | None:
     span, end = float(np.ptp(s)), float(np.median(valid.values[-3:]))
     rise, learned = end - float(s[b]), float(s[: b + 1].max() - s[b])
     sigma = max(noise(after), noise(valid.values))
-    if span == 0 or rise <= max(OVERFIT_RISE * span, NOISE_CLEARANCE * sigma) or learned <= NOISE_CLEARANCE * sigma:
+    threshold = float(overfit_threshold(float(s[b]), sigma, len(valid)))
+    if span == 0 or rise <= threshold or learned <= NOISE_CLEARANCE * sigma:
         return None
     if _slope(valid.steps[b:], after)[1] < 2:  # a sustained rise, not a noisy end
         return None
@@ -156,6 +173,28 @@ def training_loss_rising(train: Curve) -> Finding | None:
     if len(t) - b < 3 or span == 0 or rise <= max(TRAIN_RISE * span, clearance):
         return None
     return Finding("training_loss_rising", {"min_step": train.steps[b], "min": t[b], "end": end})
+
+
+def loss_rises(train: Curve) -> Finding | None:
+    """Playbook, "Identifying unstable workloads": a training loss that "goes up not down during
+    periods of training" after a steady decline. The largest rise of the smoothed loss above its
+    running minimum, once the loss has declined (that minimum is not the first point), must exceed
+    `TRAIN_RISE` of the loss's range and 3 noise levels of the smoothed values. Unlike
+    `training_loss_rising`, a rise the run later recovers from counts."""
+    if len(train) < MIN_POINTS:
+        return None
+    t = smooth(train.values)
+    floor = np.minimum.accumulate(t)
+    rise = t - floor
+    peak = int(np.argmax(rise))
+    low = int(np.argmin(t[: peak + 1])) if peak else 0
+    span = float(np.ptp(t))
+    if low == 0 or span == 0 or rise[peak] <= max(TRAIN_RISE * span, NOISE_CLEARANCE * smoothed_noise(train.values)):
+        return None
+    return Finding(
+        "loss_rises",
+        {"min_step": train.steps[low], "min": t[low], "peak_step": train.steps[peak], "peak": t[peak]},
+    )
 
 
 def window(n: int) -> int:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
-from .model import TrialSummary, arm_label, fmt, warning
+from .diagnostics import loss_rises
+from .model import Curve, TrialSummary, arm_label, fmt, warning
 from .space import Dimension, is_learning_rate, unit
 
 # A warning above this share of infeasible trials (the playbook says "a very large fraction").
@@ -27,9 +28,11 @@ NEIGHBOUR_GAP = 0.15
 
 
 def infeasible_summary(trials: Sequence[TrialSummary], dims: Sequence[Dimension], metric: str) -> dict[str, Any]:
-    """`{fraction, count, finished, reasons: [{reason, count}], where}` over the original trials:
-    fraction = infeasible / (completed + infeasible); `where` names the hyperparameter whose
-    position best separates infeasible from feasible trials (None when none does)."""
+    """`{fraction, count, finished, reasons: [{reason, count}], where, trial_ids, diverged}` over
+    the original trials: fraction = infeasible / (completed + infeasible); `where` names the
+    hyperparameter whose position best separates infeasible from feasible trials (None when none
+    does); `trial_ids` every trial judged infeasible (replicas included: plots draw them all as red
+    crosses), `diverged` `[{trial_id, reason}]` for the completed ones judged from their curves."""
     originals = [t for t in trials if t.replica_of is None]
     bad = [t for t in originals if t.infeasible]
     finished = sum(t.status in ("completed", "infeasible") for t in originals)
@@ -40,6 +43,8 @@ def infeasible_summary(trials: Sequence[TrialSummary], dims: Sequence[Dimension]
         "finished": finished,
         "reasons": [{"reason": r, "count": n} for r, n in reasons.most_common(5)],
         "where": _where(dims, originals),
+        "trial_ids": [t.id for t in trials if t.infeasible],
+        "diverged": [{"trial_id": t.id, "reason": t.diverged} for t in trials if t.diverged is not None],
     }
 
 
@@ -85,6 +90,73 @@ def instability_warnings(
     return out
 
 
+# The playbook's instability procedure: the training-loss curves of (up to) this many completed
+# trials just above the best learning rate, within this distance of it in unit range.
+ABOVE_COUNT, ABOVE_GAP = 3, 0.25
+
+
+def neighbours_above_best(
+    dims: Sequence[Dimension], trials: Sequence[TrialSummary], sign: float
+) -> list[tuple[Dimension, Any, TrialSummary, list[TrialSummary]]]:
+    """Per arm and learning-rate declaration: `(dim, arm, best, trials)` with the feasible original
+    trials whose learning rate lies just above the best one's (playbook 002, "Identifying unstable
+    workloads", step 2: "plot training loss curves for learning rates just above lr*")."""
+    out = []
+    groups: dict[str, list[TrialSummary]] = {}
+    for t in trials:
+        if t.replica_of is None and t.feasible:
+            groups.setdefault(t.arm_key, []).append(t)
+    for group in groups.values():
+        arm = group[0].arm
+        for dim in dims:
+            if not (dim.varied and dim.ordered and is_learning_rate(dim.name) and dim.applies(arm)):
+                continue
+            placed = sorted(
+                ((u, t) for t in group if (u := unit(dim, t.params.get(dim.name))) is not None), key=lambda p: p[0]
+            )
+            if len(placed) < 3:
+                continue
+            u_best, best = min(placed, key=lambda p: sign * (p[1].objective or 0.0))
+            above = [t for u, t in placed if u_best < u <= u_best + ABOVE_GAP][:ABOVE_COUNT]
+            if above:
+                out.append((dim, arm, best, above))
+    return out
+
+
+def loss_instability_warnings(
+    dims: Sequence[Dimension],
+    trials: Sequence[TrialSummary],
+    sign: float,
+    train_curves: Mapping[int, Curve],
+    skip: Collection[str | None] = (),
+) -> list[dict[str, Any]]:
+    """`instability` when a trial just above the best learning rate has a training loss that rises
+    after a steady decline (`diagnostics.loss_rises`): "if the learning rates > lr* show loss
+    instability (loss goes up not down during periods of training), then it is likely that fixing
+    the instability will result in better training". Declarations in `skip` already have an
+    instability warning (the edge of feasibility)."""
+    out = []
+    found = neighbours_above_best(dims, trials, sign)
+    n_arms = len({t.arm_key for t in trials if t.replica_of is None})
+    for dim, arm, best, above in found:
+        if dim.name in skip:
+            continue
+        rising = [(t, f) for t in above if t.id in train_curves and (f := loss_rises(train_curves[t.id])) is not None]
+        if not rising:
+            continue
+        t, f = rising[0]
+        where = f" in arm {arm_label(arm)}" if n_arms > 1 else ""
+        message = (
+            f"{dim.label}: just above the best value{where}, {fmt(best.params[dim.name])} (trial {best.id}), the "
+            f"training loss of {len(rising)} of the {len(above)} nearest trials rises after declining (trial {t.id} at "
+            f"{fmt(t.params[dim.name])}: from {fmt(f.facts['min'])} at step {fmt(f.facts['min_step'])} to "
+            f"{fmt(f.facts['peak'])} at step {fmt(f.facts['peak_step'])}). The model is at the edge of training "
+            "instability: try learning-rate warmup or gradient clipping, then search higher learning rates."
+        )
+        out.append(warning("instability", message, param=dim.name, trial_id=best.id))
+    return out
+
+
 def _edge_of_feasibility(
     dim: Dimension, group: Sequence[TrialSummary], sign: float
 ) -> tuple[TrialSummary, TrialSummary] | None:
@@ -118,6 +190,8 @@ def _instability(dim: Dimension, arm: Any, best: TrialSummary, neighbour: TrialS
 
 
 def _reason(trial: TrialSummary, metric: str) -> str:
+    if trial.diverged is not None:
+        return trial.diverged.split(":")[0]  # "training loss diverged", "no better than chance"
     if trial.status == "completed":
         return f"no finite value of {metric}"
     text = (trial.error or trial.fail_kind or "infeasible").strip().splitlines()[0][:120]

@@ -2,7 +2,13 @@
 the best trial over the nuisance hyperparameters for each value of a scientific hyperparameter.
 Crossed (categorical or discrete) scientific values are the arms; a continuous scientific
 hyperparameter is bucketed along its scale and the best trial of each bucket taken, as the playbook
-suggests for quasi-random data."""
+suggests for quasi-random data.
+
+A bucket series is drawn on the parameter's own scale (`scale`: a log-scaled weight decay on a log
+axis, buckets equally wide in log space, centred at their geometric middle). Each bucket carries
+its uncertainty: the 5% and 95% quantiles (`lo`, `hi`) of the best value of its n trials resampled
+n times with replacement (the exact bootstrap of budget.py), so a bucket won by one lucky trial
+among few shows a wide interval, and `std`, the replica spread of its best trial where measured."""
 
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .arms import replica_stats
+from .budget import best_of_k
 from .model import TrialSummary, arm_label
 from .space import Dimension, from_unit, unit
 
@@ -44,28 +52,50 @@ def isolation_series(
 
 
 def _buckets(dim: Dimension, arm: Mapping[str, Any], trials: Sequence[TrialSummary], sign: float) -> dict[str, Any]:
-    key_trials = [t for t in trials if t.feasible and t.replica_of is None and dict(t.arm) == dict(arm)]
+    key_trials = [
+        t for t in trials if (t.feasible or t.infeasible) and t.replica_of is None and dict(t.arm) == dict(arm)
+    ]
     placed: list[tuple[float, TrialSummary]] = []
     for t in key_trials:
         u = unit(dim, t.params.get(dim.name))
         if u is not None:
             placed.append((u, t))
     n_buckets = max(1, min(MAX_BUCKETS, len(placed) // 3))
-    best: dict[int, TrialSummary] = {}
-    counts: dict[int, int] = {}
+    members: dict[int, list[TrialSummary]] = {}
     for u, t in placed:
         b = min(n_buckets - 1, max(0, math.floor(u * n_buckets)))
-        counts[b] = counts.get(b, 0) + 1
-        if b not in best or sign * (t.objective or 0.0) < sign * (best[b].objective or 0.0):
-            best[b] = t
-    points = [
-        {
-            "x": from_unit(dim, (b + 0.5) / n_buckets),
-            "best_value": best[b].objective,
-            "trial_id": best[b].id,
-            "std": None,
-            "n": counts[b],
-        }
-        for b in sorted(best)
-    ]
-    return {"param": dim.name, "kind": "buckets", "arm": dict(arm), "label": arm_label(arm), "points": points}
+        members.setdefault(b, []).append(t)
+    replicas: dict[int, list[TrialSummary]] = {}
+    for t in trials:
+        if t.replica_of is not None:
+            replicas.setdefault(t.replica_of, []).append(t)
+    points = []
+    for b in sorted(members):
+        group = members[b]
+        feasible = [t for t in group if t.feasible]
+        if not feasible:
+            continue
+        best = min(feasible, key=lambda t: sign * (t.objective or 0.0))
+        # infeasible members take part in the resampling and never win a draw
+        spread = best_of_k([t.objective if t.feasible else None for t in group], sign, ks=[len(group)]).as_dict()
+        points.append(
+            {
+                "x": from_unit(dim, (b + 0.5) / n_buckets),
+                "x_lo": from_unit(dim, b / n_buckets),
+                "x_hi": from_unit(dim, (b + 1) / n_buckets),
+                "best_value": best.objective,
+                "trial_id": best.id,
+                "lo": spread["p5"][0],
+                "hi": spread["p95"][0],
+                "std": replica_stats(replicas.get(best.id, []))["replica_std"],
+                "n": len(group),
+            }
+        )
+    return {
+        "param": dim.name,
+        "kind": "buckets",
+        "scale": dim.scale,
+        "arm": dict(arm),
+        "label": arm_label(arm),
+        "points": points,
+    }

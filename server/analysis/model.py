@@ -27,16 +27,25 @@ class TrialSummary:
     replica_of: int | None = None
     fail_kind: str | None = None
     error: str | None = None
+    # Why a completed trial with finite values is judged infeasible (divergence.py), else None.
+    diverged: str | None = None
 
-    @property
+    @cached_property
     def feasible(self) -> bool:
-        """Completed with a finite objective."""
-        return self.status == "completed" and self.objective is not None and math.isfinite(self.objective)
+        """Completed with a finite objective, and not judged diverged from its curves (computed
+        once: every check asks, over every trial)."""
+        return (
+            self.status == "completed"
+            and self.objective is not None
+            and math.isfinite(self.objective)
+            and self.diverged is None
+        )
 
-    @property
+    @cached_property
     def infeasible(self) -> bool:
-        """Playbook, "Extracting insight": trials that diverge, get really bad (non-finite) values or
-        fail because of the point itself. A completed trial without a finite objective counts."""
+        """Playbook, "Extracting insight": trials that diverge, get really bad (non-finite or
+        uncharacteristically high) values or fail because of the point itself. A completed trial
+        without a finite objective, or judged diverged, counts."""
         return self.status == "infeasible" or (self.status == "completed" and not self.feasible)
 
     @cached_property

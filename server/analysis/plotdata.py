@@ -17,8 +17,9 @@ from . import queries
 from .arms import arm_summaries
 from .boundary import check_boundaries
 from .curves import OBJECTIVE_TRAIN
+from .divergence import load_trials
 from .isolation import isolation_series
-from .service import BEST_FEW, budgets, evaluation_noise, horizon_of, load
+from .service import BEST_FEW, budgets, horizon_of, noise_of
 from .space import dimensions
 from .training import best_step_summary
 
@@ -36,7 +37,7 @@ def plot_data(db: Database, study_id: int, kind: str, trial_id: int | None = Non
 
 
 def _axis(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
-    trials = queries.trial_summaries(session, study.id)
+    trials, _ = load_trials(session, study)  # diverged trials drawn as red crosses
     dims = dimensions(study.spec)
     sign = 1.0 if study.mode == "min" else -1.0
     flagged = {(c.dim.label, c.side) for c in check_boundaries(dims, trials, sign) if c.side}
@@ -44,7 +45,7 @@ def _axis(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> 
 
 
 def _isolation(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
-    trials = queries.trial_summaries(session, study.id)
+    trials, _ = load_trials(session, study)
     sign = 1.0 if study.mode == "min" else -1.0
     arms = arm_summaries(trials, sign)
     return {"series": isolation_series(dimensions(study.spec), trials, arms, sign), "arms": arms}
@@ -73,7 +74,7 @@ def _grad_norm(session: Session, study: queries.StudyInfo, trial_id: int | None)
         entries: list[dict[str, Any]] = [{"trial_id": trial_id, "label": f"trial {trial_id}"}]
     else:
         sign = 1.0 if study.mode == "min" else -1.0
-        arms = arm_summaries(queries.trial_summaries(session, study.id), sign)
+        arms = arm_summaries(load_trials(session, study)[0], sign)
         entries = [{"trial_id": a["best_trial_id"], "label": a["label"]} for a in arms if a["best_trial_id"]]
     ids = [int(e["trial_id"]) for e in entries]
     stats = {row["trial_id"]: row for row in queries.grad_norm_stats(session, ids)}
@@ -86,14 +87,16 @@ def _grad_norm(session: Session, study: queries.StudyInfo, trial_id: int | None)
 
 def _best_steps(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
     sign = 1.0 if study.mode == "min" else -1.0
-    trials = queries.trial_summaries(session, study.id)
-    return {"summary": best_step_summary(trials, sign, horizon_of(session, study))}
+    trials, stats = load_trials(session, study)
+    return {"summary": best_step_summary(trials, sign, horizon_of(session, study), stats.get(study.metric))}
 
 
 def _budget(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
-    data = load(session, study.id)
-    arms = arm_summaries(data.trials, data.sign)
-    series, _ = budgets(data.trials, arms, data.sign, study.metric, evaluation_noise(data))
+    trials, _ = load_trials(session, study)  # diverged trials never win a draw
+    sign = 1.0 if study.mode == "min" else -1.0
+    ranks, curves = queries.best_trial_curves(session, study.id, study.mode, BEST_FEW, [study.metric])
+    arms = arm_summaries(trials, sign)
+    series, _ = budgets(trials, arms, sign, study.metric, noise_of(trials, ranks, curves, study.metric))
     return {"series": series}
 
 

@@ -8,8 +8,9 @@ plain values (see `model.py`). Queries are portable between SQLite and Postgres.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -83,8 +84,9 @@ def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:
     ]
 
 
-# The best `k` completed original trials of each arm (row_number over the arm), with the curves
-# asked for. ORDER BY direction comes from a fixed pair of strings, never from input.
+# The best `k` completed original trials of each arm (row_number over the arm). ORDER BY direction
+# comes from a fixed pair of strings, never from input. Their curves are a second query by id: in
+# one join, Postgres cannot know how few trials the ranking keeps and scans every point.
 _BEST_CURVES = """
 WITH ranked AS (
     SELECT id, number, row_number() OVER (PARTITION BY CAST(arm AS TEXT) ORDER BY objective_value {direction}, number)
@@ -92,10 +94,7 @@ WITH ranked AS (
     FROM trials
     WHERE study_id = :study_id AND replica_of IS NULL AND status = 'completed' AND objective_value IS NOT NULL
 )
-SELECT r.id AS trial_id, r.arm_rank, m.name, m.step, m.value, m.nonfinite
-FROM ranked r LEFT JOIN metric_points m ON m.trial_id = r.id AND m.name IN :names
-WHERE r.arm_rank <= :k
-ORDER BY r.id, m.name, m.step
+SELECT r.id AS trial_id, r.arm_rank FROM ranked r WHERE r.arm_rank <= :k
 """
 
 
@@ -103,12 +102,10 @@ def best_trial_curves(
     session: Session, study_id: int, mode: str, k: int, names: Sequence[str]
 ) -> tuple[dict[int, int], dict[int, dict[str, Curve]]]:
     """The best `k` trials of every arm, `{trial_id: rank in its arm}`, and their `names` curves."""
-    statement = text(_BEST_CURVES.format(direction="ASC" if mode == "min" else "DESC")).bindparams(
-        bindparam("names", expanding=True)
-    )
-    rows = session.execute(statement, {"study_id": study_id, "k": k, "names": list(names)}).all()
+    statement = text(_BEST_CURVES.format(direction="ASC" if mode == "min" else "DESC"))
+    rows = session.execute(statement, {"study_id": study_id, "k": k}).all()
     ranks = {r.trial_id: int(r.arm_rank) for r in rows}
-    return ranks, _curves(r for r in rows if r.name is not None)
+    return ranks, curves_of(session, sorted(ranks), names)
 
 
 def curves_of(
@@ -142,27 +139,49 @@ WHERE rn = (9 * (n - 1)) / 10 + 1 OR rn = (9 * (n - 1)) / 10 + 2
 ORDER BY trial_id, rn
 """
 
-_MEAN = """
-SELECT trial_id, avg(value) AS mean, count(*) AS n FROM metric_points
-WHERE trial_id IN :ids AND name = :metric AND nonfinite = 0
-GROUP BY trial_id
+
+# The share of updates clipped, from per-step data: the gradient norms above the trial's threshold.
+_CLIPPED = """
+SELECT avg(CASE WHEN value > :clip THEN 1.0 ELSE 0.0 END) FROM metric_points
+WHERE trial_id = :trial_id AND name = :metric AND nonfinite = 0
+"""
+
+# Without a known threshold: the last value of the trainer's cumulative series ("the fraction of
+# steps clipped so far"), which is the share over the whole run; its mean is not.
+_LAST = """
+SELECT m.trial_id, m.value FROM metric_points m
+JOIN (SELECT trial_id, max(step) AS step FROM metric_points
+      WHERE trial_id IN :ids AND name = :metric AND nonfinite = 0 GROUP BY trial_id) l
+  ON l.trial_id = m.trial_id AND l.step = m.step
+WHERE m.name = :metric
 """
 
 
 def grad_norm_stats(
-    session: Session, trial_ids: Sequence[int], metric: str = "train/grad_norm", clipped: str = "train/clipped_fraction"
+    session: Session,
+    trial_ids: Sequence[int],
+    metric: str = "train/grad_norm",
+    clipped: str = "train/clipped_fraction",
+    thresholds: Mapping[int, float | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per trial: `{trial_id, p90, n}` of the unclipped gradient norm and the mean
-    `clipped_fraction` (None when the trainer did not report it)."""
+    """Per trial: `{trial_id, p90, n}` of the unclipped gradient norm and `clipped_fraction`: the
+    share of its reported norms above its clipping threshold (`thresholds`, from its params or
+    settings), else the final value of the trainer's cumulative `clipped` series (None when it
+    reported neither)."""
     if not trial_ids:
         return []
     rows = session.execute(
         text(_P90).bindparams(bindparam("ids", expanding=True)), {"ids": list(trial_ids), "metric": metric}
     ).all()
-    means = session.execute(
-        text(_MEAN).bindparams(bindparam("ids", expanding=True)), {"ids": list(trial_ids), "metric": clipped}
+    finals = session.execute(
+        text(_LAST).bindparams(bindparam("ids", expanding=True)), {"ids": list(trial_ids), "metric": clipped}
     ).all()
-    clipped_by = {r.trial_id: float(r.mean) for r in means}
+    clipped_by: dict[int, float | None] = {r.trial_id: float(r.value) for r in finals}
+    for trial_id, clip in (thresholds or {}).items():
+        if clip is not None and trial_id in trial_ids:
+            share = session.execute(text(_CLIPPED), {"trial_id": trial_id, "metric": metric, "clip": clip}).scalar()
+            if share is not None:
+                clipped_by[trial_id] = float(share)
     out: list[dict[str, Any]] = []
     for trial_id in trial_ids:
         mine = [r for r in rows if r.trial_id == trial_id]
@@ -176,6 +195,169 @@ def grad_norm_stats(
             out.append({"trial_id": trial_id, "n": 0, "p90": None})
         out[-1]["clipped_fraction"] = clipped_by.get(trial_id)
     return out
+
+
+# Per completed trial and metric (the objective and the training loss), in one hash aggregate over
+# the study's late points (steps from `cut`, the last quarter of the horizon) and its first point
+# (no sort: window functions such as lag or row_number need every point sorted, which cost ten
+# times more on Postgres): the value at the metric's first step, and over the late points their
+# count, minimum, maximum and the sums of a least-squares line through them (end level, slope,
+# residual noise). Only these aggregates leave the database, never the points.
+_CURVE_STATS = """
+SELECT m.trial_id, m.name, count(*) AS n, min(m.value) AS vmin, max(m.value) AS vmax,
+       avg(CASE WHEN m.step = (CASE WHEN m.name = :first_name THEN :first_step ELSE :first_obj END) THEN m.value END)
+           AS v0,
+       count(CASE WHEN m.step >= :cut THEN 1 END) AS late_n,
+       min(CASE WHEN m.step >= :cut THEN m.value END) AS late_min,
+       max(CASE WHEN m.step >= :cut THEN m.value END) AS late_max,
+       sum(CASE WHEN m.step >= :cut THEN CAST(m.step - :cut AS DOUBLE PRECISION) END) AS sx,
+       sum(CASE WHEN m.step >= :cut THEN m.value END) AS sy,
+       sum(CASE WHEN m.step >= :cut THEN CAST(m.step - :cut AS DOUBLE PRECISION) * (m.step - :cut) END) AS sxx,
+       sum(CASE WHEN m.step >= :cut THEN (m.step - :cut) * m.value END) AS sxy,
+       sum(CASE WHEN m.step >= :cut THEN m.value * m.value END) AS syy,
+       max(m.step) AS s1
+FROM metric_points m JOIN trials t ON t.id = m.trial_id
+WHERE t.study_id = :study_id AND t.status = 'completed' AND m.name IN :names AND m.nonfinite = 0
+  AND (m.step >= :cut OR m.step = :first_step OR m.step = :first_obj)
+GROUP BY m.trial_id, m.name
+"""
+
+
+@dataclass(frozen=True)
+class CurveStats:
+    """Per-trial aggregates of one metric's curve, as arrays aligned on `trial_ids`: `first` the
+    value at the study's first step of the metric (NaN where unknown), `minimum` and `maximum` over
+    that first point and the late points, `n` the number of points (estimated from the late ones:
+    the late quarter holds a quarter of them), `end` the late line's value at the trial's last
+    step, `late_noise` the standard deviation of the late points around that line, `late_change`
+    the line's change across the late part, `late_min`/`late_max` their extremes."""
+
+    trial_ids: np.ndarray
+    n: np.ndarray
+    first: np.ndarray
+    minimum: np.ndarray
+    maximum: np.ndarray
+    end: np.ndarray
+    late_n: np.ndarray
+    late_min: np.ndarray
+    late_max: np.ndarray
+    late_noise: np.ndarray
+    late_change: np.ndarray
+
+    @cached_property
+    def _index(self) -> dict[int, int]:
+        return {int(t): i for i, t in enumerate(self.trial_ids)}
+
+    def of(self, trial_id: int) -> dict[str, float] | None:
+        i = self._index.get(trial_id)
+        if i is None:
+            return None
+        fields = ("n", "first", "minimum", "maximum", "end", "late_n", "late_noise", "late_change")
+        return {f: float(getattr(self, f)[i]) for f in fields}
+
+
+def curve_stats(
+    session: Session, study_id: int, names: Sequence[str], horizon: float | None, first_of: str
+) -> dict[str, CurveStats]:
+    """`{name: CurveStats}` over the study's completed trials (see `_CURVE_STATS`): the late part
+    is the last quarter of `horizon` (max_train_steps), `first` is measured for `first_of` only
+    (the training loss, for the divergence rule) at the first step one completed trial reported.
+    The line through the late points is fitted from the sums in numpy, for all trials at once."""
+    one = session.execute(
+        text("SELECT min(id) FROM trials WHERE study_id = :study_id AND status = 'completed'"), {"study_id": study_id}
+    ).scalar()
+    if one is None:
+        return {}
+    firsts = {
+        name: session.execute(
+            text("SELECT min(step) FROM metric_points WHERE trial_id = :t AND name = :name AND nonfinite = 0"),
+            {"t": one, "name": name},
+        ).scalar()
+        for name in names
+    }
+    first_step = firsts.get(first_of)
+    other = next((s for n, s in firsts.items() if n != first_of and s is not None), None)
+    cut = late_cut(horizon)
+    statement = text(_CURVE_STATS).bindparams(bindparam("names", expanding=True))
+    params = {
+        "study_id": study_id,
+        "names": list(names),
+        "cut": cut,
+        "first_name": first_of,
+        "first_step": -1 if first_step is None else int(first_step),
+        "first_obj": -1 if other is None else int(other),
+    }
+    rows = session.execute(statement, params).all()
+    out: dict[str, CurveStats] = {}
+    for name in names:
+        fields = ("trial_id", "n", "v0", "vmin", "vmax", "late_n", "late_min", "sx", "sy", "sxx", "sxy", "syy", "s1")
+        cols = np.array(
+            [(*(getattr(r, f) for f in fields), r.late_max) for r in rows if r.name == name],
+            dtype=float,
+        ).reshape(-1, 14)
+        k = np.maximum(np.nan_to_num(cols[:, 5]), 1.0)
+        mx, my = np.nan_to_num(cols[:, 7]) / k, np.nan_to_num(cols[:, 8]) / k
+        vxx = np.maximum(np.nan_to_num(cols[:, 9]) / k - mx**2, 0.0)
+        cxy = np.nan_to_num(cols[:, 10]) / k - mx * my
+        slope = np.divide(cxy, vxx, out=np.zeros_like(cxy), where=vxx > 0)
+        resid = np.maximum(np.nan_to_num(cols[:, 11]) / k - my**2 - slope * cxy, 0.0) * k / np.maximum(k - 2, 1.0)
+        width = np.maximum(cols[:, 12] - cut, 0.0)
+        late = cols[:, 5] > 0
+        out[name] = CurveStats(
+            trial_ids=cols[:, 0].astype(np.int64),
+            n=np.nan_to_num(cols[:, 5]) * cols[:, 12] / np.maximum(width, 1.0),
+            first=cols[:, 2],
+            minimum=cols[:, 3],
+            maximum=cols[:, 4],
+            end=np.where(late, my + slope * (width - mx), np.nan),
+            late_n=cols[:, 5],
+            late_min=cols[:, 6],
+            late_max=cols[:, 13],
+            late_noise=np.sqrt(resid),
+            late_change=slope * width,
+        )
+    return out
+
+
+def late_cut(horizon: float | None) -> int:
+    """The first step of the "late" part of training: the last quarter of the horizon."""
+    return int(0.75 * horizon) if horizon else 0
+
+
+def late_points(session: Session, trial_ids: Sequence[int], name: str, cut: int) -> dict[int, Curve]:
+    """The points of `name` from step `cut` on, for a few trials (through the primary key)."""
+    if not trial_ids:
+        return {}
+    statement = text(
+        "SELECT trial_id, name, step, value, nonfinite FROM metric_points "
+        "WHERE trial_id IN :ids AND name = :name AND step >= :cut ORDER BY trial_id, step"
+    ).bindparams(bindparam("ids", expanding=True))
+    found = _curves(session.execute(statement, {"ids": list(trial_ids), "name": name, "cut": cut}))
+    return {tid: by_name[name] for tid, by_name in found.items() if name in by_name}
+
+
+def class_count(session: Session, study_id: int, prefix: str) -> int | None:
+    """How many classes the trainer reported per-class counts for (`{prefix}correct/class_K`), from
+    one completed trial; None when it reports none (then chance is unknown)."""
+    one = session.execute(
+        text("SELECT min(id) FROM trials WHERE study_id = :study_id AND status = 'completed'"), {"study_id": study_id}
+    ).scalar()
+    if one is None:
+        return None
+    n = session.execute(
+        text("SELECT count(*) FROM (SELECT DISTINCT name FROM metric_points WHERE trial_id = :t AND name LIKE :p) s"),
+        {"t": one, "p": f"{prefix}correct/class_%"},
+    ).scalar()
+    return int(n) if n else None
+
+
+def horizon(session: Session, study: StudyInfo) -> float | None:
+    """max_train_steps from the spec's trainer settings, else the last step any trial reported."""
+    steps = (study.spec.get("trainer") or {}).get("max_train_steps")
+    if isinstance(steps, (int, float)) and not isinstance(steps, bool) and steps > 0:
+        return float(steps)
+    last = last_step(session, study.id, study.metric)
+    return float(last) if last else None
 
 
 def last_step(session: Session, study_id: int, metric: str) -> int | None:

@@ -16,15 +16,22 @@ from sqlalchemy.orm import Session
 
 from ..db import Database
 from . import queries
-from .arms import arm_summaries, within_noise_warnings
+from .arms import arm_summaries, comparison, comparison_warnings, trial_variance
 from .boundary import boundary_warnings, check_boundaries
 from .budget import best_of_k, flattened
-from .curves import OBJECTIVE_TRAIN, curve_report
+from .curves import OBJECTIVE_TRAIN, curve_report, exempt_trials, overfitting_screen, regularizers, screen_warnings
 from .diagnostics import late_noise
-from .feasibility import infeasible_summary, infeasible_warnings, instability_warnings
+from .divergence import load_trials
+from .feasibility import (
+    infeasible_summary,
+    infeasible_warnings,
+    instability_warnings,
+    loss_instability_warnings,
+    neighbours_above_best,
+)
 from .isolation import isolation_series
 from .model import Curve, TrialSummary, arm_key, fmt, warning
-from .space import Dimension, dimensions, is_regularizer
+from .space import Dimension, dimensions
 from .training import (
     best_step_summary,
     caveats,
@@ -47,6 +54,9 @@ class StudyData:
     curves: dict[int, dict[str, Curve]]
     grad: list[dict[str, Any]]
     horizon: float | None
+    stats: dict[str, queries.CurveStats]
+    # Training-loss curves of the trials just above each arm's best learning rate (instability).
+    above_best: dict[int, Curve]
 
     @property
     def sign(self) -> float:
@@ -75,14 +85,49 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     """Loads the study, its trial summaries, the curves of the best few trials per arm and the
     gradient-norm statistics of each arm's best trial."""
     study = queries.study_info(session, study_id)
-    trials = queries.trial_summaries(session, study_id)
+    horizon = horizon_of(session, study)
+    trials, stats = load_trials(session, study, horizon)
     names = sorted({study.metric, OBJECTIVE_TRAIN})
     ranks, curves = queries.best_trial_curves(session, study_id, study.mode, best_few, names)
+    feasible = {t.id for t in trials if t.feasible}
+    ranks = _rerank({tid: r for tid, r in ranks.items() if tid in feasible}, trials)
     sign = 1.0 if study.mode == "min" else -1.0
-    best_ids = [a["best_trial_id"] for a in arm_summaries(trials, sign) if a["best_trial_id"] is not None]
-    grad = queries.grad_norm_stats(session, best_ids)
-    horizon = horizon_of(session, study)
-    return StudyData(study=study, trials=trials, ranks=ranks, curves=curves, grad=grad, horizon=horizon)
+    arms = arm_summaries(trials, sign)
+    best_ids = [a["best_trial_id"] for a in arms if a["best_trial_id"] is not None]
+    fixed = {d.name: d.value for d in dimensions(study.spec) if d.role == "fixed"}
+    settings = {**dict(study.spec.get("trainer") or {}), **fixed}
+    by_id = {t.id: t for t in trials}
+    clips = {tid: _clip_norm({**settings, **by_id[tid].params}) for tid in best_ids}
+    grad = queries.grad_norm_stats(session, best_ids, thresholds=clips)
+    above = [t.id for _, _, _, group in neighbours_above_best(dimensions(study.spec), trials, sign) for t in group]
+    above_curves = queries.curves_of(session, above, [OBJECTIVE_TRAIN]) if above else {}
+    return StudyData(
+        study=study,
+        trials=trials,
+        ranks=ranks,
+        curves=curves,
+        grad=grad,
+        horizon=horizon,
+        stats=stats,
+        above_best={tid: c[OBJECTIVE_TRAIN] for tid, c in above_curves.items() if OBJECTIVE_TRAIN in c},
+    )
+
+
+def _rerank(ranks: dict[int, int], trials: Sequence[TrialSummary]) -> dict[int, int]:
+    """Ranks within each arm again after trials judged diverged left the best few."""
+    arm_of = {t.id: t.arm_key for t in trials}
+    out: dict[int, int] = {}
+    per_arm: dict[str, int] = {}
+    for tid, _ in sorted(ranks.items(), key=lambda kv: kv[1]):
+        key = arm_of.get(tid, "")
+        per_arm[key] = per_arm.get(key, 0) + 1
+        out[tid] = per_arm[key]
+    return out
+
+
+def _clip_norm(settings: Mapping[str, Any]) -> float | None:
+    value = settings.get("grad_clip_norm")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
 def analysis_of(data: StudyData) -> dict[str, Any]:
@@ -91,24 +136,32 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
     arms = arm_summaries(trials, sign)
     boundary = check_boundaries(dims, trials, sign)
     infeasible = infeasible_summary(trials, dims, study.metric)
-    regularizer = next((d.name for d in dims if d.role == "scientific" and is_regularizer(d.name)), None)
-    curves, curve_warns = curve_report(_ranked(data, arms), data.curves, study.metric, sign, data.horizon, regularizer)
-    steps = best_step_summary(trials, sign, data.horizon)
+    exempt = exempt_trials(dims, trials)
+    curves, curve_warns = curve_report(_ranked(data, arms), data.curves, study.metric, sign, data.horizon, exempt)
+    screen = overfitting_screen(trials, data.stats.get(study.metric), data.stats.get(OBJECTIVE_TRAIN), sign, exempt)
+    warned = {w["trial_id"] for w in curve_warns if w["kind"] == "overfitting"}
+    steps = best_step_summary(trials, sign, data.horizon, data.stats.get(study.metric))
     grad = grad_clip_summary(data.grad, arms)
-    budget, budget_warns = budgets(trials, arms, sign, study.metric, evaluation_noise(data))
+    noise = evaluation_noise(data)
+    budget, budget_warns = budgets(trials, arms, sign, study.metric, noise)
     if any(c.side for c in boundary):
         budget_warns = []  # more trials in a space that is too narrow help little: widen it first
+    cmp = comparison(arms, sign)
+    edge = instability_warnings(dims, trials, sign)
     warnings = [
         *infeasible_warnings(infeasible),
         *boundary_warnings(boundary, len(arms)),
-        *instability_warnings(dims, trials, sign),
+        *edge,
+        *loss_instability_warnings(dims, trials, sign, data.above_best, skip={w["param"] for w in edge}),
         *curve_warns,
+        *screen_warnings(screen, warned, study.metric),
         *max_train_steps_warnings(steps),
         *clipping_warnings(grad),
         *warmup_warnings(dims, data.trainer, arms, data.horizon),
         *budget_warns,
-        *within_noise_warnings(arms, sign),
+        *comparison_warnings(cmp, arms, study.id),
     ]
+    regs = regularizers(dims)
     return {
         "study_id": study.id,
         "name": study.name,
@@ -116,8 +169,11 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
         "trial_counts": _counts(trials),
         "infeasible_fraction": infeasible["fraction"],
         "arms": arms,
+        "comparison": cmp,
+        "trial_variance": trial_variance(arms, float(np.median(list(noise.values()))) if noise else None),
         "warnings": warnings,
-        "caveats": caveats(dims, data.trainer) + _regularizer_caveat(regularizer),
+        "caveats": caveats(dims, data.trainer) + _regularizer_caveat(regs[0].name if regs else None),
+        "overfitting": screen,
         "max_train_steps": steps,
         "grad_clip": grad,
         "boundary": [c.as_dict() for c in boundary],
@@ -149,7 +205,7 @@ def budgets(
         ]
         if not values:
             continue
-        curve = best_of_k(values, sign)
+        curve = best_of_k(values, sign)  # infeasible trials (diverged included) never win a draw
         floor = arm["replica_std"] if arm["replica_std"] is not None else (noise or {}).get(arm_key(arm["arm"]))
         flat, facts = flattened(curve, sign, noise=floor)
         out.append({"arm": arm["arm"], "label": arm["label"], **curve.as_dict(), "flattened": flat, **facts})
@@ -160,10 +216,17 @@ def budgets(
 
 def evaluation_noise(data: StudyData) -> dict[str, float]:
     """Per arm key, the median late step-to-step noise of its best trials' objective curves."""
+    return noise_of(data.trials, data.ranks, data.curves, data.study.metric)
+
+
+def noise_of(
+    trials: Sequence[TrialSummary], ranks: Mapping[int, int], curves: Mapping[int, Mapping[str, Curve]], metric: str
+) -> dict[str, float]:
+    """`evaluation_noise` from its parts (the budget plot loads only these)."""
     per_arm: dict[str, list[float]] = {}
-    by_id = {t.id: t for t in data.trials}
-    for trial_id in data.ranks:
-        curve = data.curves.get(trial_id, {}).get(data.study.metric)
+    by_id = {t.id: t for t in trials}
+    for trial_id in ranks:
+        curve = curves.get(trial_id, {}).get(metric)
         if curve is not None and trial_id in by_id:
             per_arm.setdefault(by_id[trial_id].arm_key, []).append(late_noise(curve))
     return {key: float(np.median(values)) for key, values in per_arm.items()}
@@ -214,11 +277,7 @@ def _ranked(data: StudyData, arms: Sequence[Mapping[str, Any]]) -> list[dict[str
 
 def horizon_of(session: Session, study: queries.StudyInfo) -> float | None:
     """max_train_steps from the spec's trainer settings, else the last step any trial reported."""
-    steps = (study.spec.get("trainer") or {}).get("max_train_steps")
-    if isinstance(steps, (int, float)) and steps > 0:
-        return float(steps)
-    last = queries.last_step(session, study.id, study.metric)
-    return float(last) if last else None
+    return queries.horizon(session, study)
 
 
 def _counts(trials: Sequence[TrialSummary]) -> dict[str, int]:
@@ -232,8 +291,8 @@ def _regularizer_caveat(regularizer: str | None) -> list[dict[str, Any]]:
     if regularizer is None:
         return []
     message = (
-        f"The scientific hyperparameter {regularizer} is a regularizer: overfitting of its low settings is expected, "
-        "so overfitting is reported per trial but not warned about."
+        f"The scientific hyperparameter {regularizer} is a regularizer: overfitting at its low-strength settings (the "
+        "lower half of its range, or off) is expected, so there it is reported per trial but not warned about."
     )
     return [{"param": regularizer, "value": None, "when": None, "message": message}]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 ORDERED_TYPES = ("float", "int", "discrete")
@@ -63,6 +64,13 @@ class Dimension:
             return False
         return not (self.role == "scientific" and self.type in ("categorical", "discrete"))
 
+    @cached_property
+    def bounds(self) -> tuple[float | None, float | None]:
+        """min and max in the scale's space (computed once; `unit` is called for every trial)."""
+        if self.min is None or self.max is None:
+            return None, None
+        return _to_scale(self, self.min), _to_scale(self, self.max)
+
     def applies(self, arm: Mapping[str, Any]) -> bool:
         """Whether this declaration holds for an arm (its `when` matches the arm's values)."""
         return not self.when or all(arm.get(k) in list(v) for k, v in self.when.items())
@@ -96,7 +104,8 @@ def unit(dim: Dimension, value: Any) -> float | None:
         return _discrete_unit(dim, value)
     if dim.min is None or dim.max is None or not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
-    lo, hi, x = _to_scale(dim, dim.min), _to_scale(dim, dim.max), _to_scale(dim, float(value))
+    lo, hi = dim.bounds
+    x = _to_scale(dim, float(value))
     if lo is None or hi is None or x is None or hi == lo:
         return None
     return (x - lo) / (hi - lo)

@@ -28,18 +28,21 @@ COLUMNS = (
 _ROWS = """
 SELECT s.id, s.name, s.description, s.objective_metric AS metric, s.objective_mode AS mode,
        sum(CASE WHEN t.status IN ('completed', 'infeasible', 'failed') THEN 1 ELSE 0 END) AS trials_run,
-       min(CASE WHEN t.status = 'completed' THEN t.objective_value END) AS best_min,
-       max(CASE WHEN t.status = 'completed' THEN t.objective_value END) AS best_max
+       min(CASE WHEN t.status = 'completed' AND t.replica_of IS NULL THEN t.objective_value END) AS best_min,
+       max(CASE WHEN t.status = 'completed' AND t.replica_of IS NULL THEN t.objective_value END) AS best_max
 FROM studies s LEFT JOIN trials t ON t.study_id = s.id
 GROUP BY s.id, s.name, s.description, s.objective_metric, s.objective_mode
 ORDER BY s.id
 """
 
+# Replicas are left out of the best (they rerun a selected trial; see studies._best_trial).
 _BEST_TRIAL = """
 SELECT t.study_id, min(t.id) AS trial_id FROM trials t JOIN studies s ON s.id = t.study_id
-WHERE t.status = 'completed' AND t.objective_value = (CASE WHEN s.objective_mode = 'min'
-      THEN (SELECT min(objective_value) FROM trials u WHERE u.study_id = s.id AND u.status = 'completed')
-      ELSE (SELECT max(objective_value) FROM trials u WHERE u.study_id = s.id AND u.status = 'completed') END)
+WHERE t.status = 'completed' AND t.replica_of IS NULL AND t.objective_value = (CASE WHEN s.objective_mode = 'min'
+      THEN (SELECT min(objective_value) FROM trials u
+            WHERE u.study_id = s.id AND u.status = 'completed' AND u.replica_of IS NULL)
+      ELSE (SELECT max(objective_value) FROM trials u
+            WHERE u.study_id = s.id AND u.status = 'completed' AND u.replica_of IS NULL) END)
 GROUP BY t.study_id
 """
 

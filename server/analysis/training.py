@@ -15,7 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .model import TrialSummary, fmt, warning
+from .model import TrialSummary, arm_label, fmt, warning
+from .queries import CurveStats
 from .space import Dimension
 
 EARLY, LATE = 0.10, 0.75
@@ -27,53 +28,99 @@ CONSISTENT = 0.9
 # late, or all early, by chance).
 TOP_SHARE, TOP_MIN = 0.5, 5
 AGGRESSIVE = 0.5
+# Practically converged: the late gain is below this share of the whole run's gain.
+LATE_GAIN = 0.02
 LONG_WARMUP = 0.05
 
 
-def best_step_summary(trials: Sequence[TrialSummary], sign: float, horizon: float | None) -> dict[str, Any]:
-    """`{max_train_steps, best_step_fractions, top: {trial_ids, fractions}, advice}`:
+def best_step_summary(
+    trials: Sequence[TrialSummary], sign: float, horizon: float | None, objective: CurveStats | None = None
+) -> dict[str, Any]:
+    """`{max_train_steps, best_step_fractions, top: {trial_ids, fractions}, advice, per_arm}`:
     fractions of max_train_steps for every feasible original trial (by trial number), and for the
-    better half of each arm (at least 5), which the advice ("too_long": all in the first 10%,
-    "train_longer": 90% or more in the last 25%, or None) judges."""
+    better half of each arm (at least 5), which the advice judges arm by arm (pooling arms would
+    let one arm's late best steps speak for another): "too_long" when all fall in the first 10%,
+    "train_longer" when 90% or more fall in the last 25% *and* most of those curves are still
+    improving at the end (with `objective`, the curve statistics: a late net gain beyond 3 noise
+    levels). A converged curve puts its best step anywhere in its flat tail by noise alone, so late
+    best steps on flat curves are no reason to train longer. Top-level `advice` is the first arm's
+    that fires, `top` every arm's judged trials."""
     feasible = sorted((t for t in trials if t.feasible and t.replica_of is None), key=lambda t: t.number)
     if not horizon or horizon <= 0:
-        return {"max_train_steps": horizon, "best_step_fractions": [], "top": None, "advice": None}
+        return {"max_train_steps": horizon, "best_step_fractions": [], "top": None, "advice": None, "per_arm": []}
     fractions = [_fraction(t, horizon) for t in feasible]
-    top = _top_per_arm(feasible, sign)
-    top_fractions = [_fraction(t, horizon) for t in top]
-    advice = None
-    if len(top) >= TOP_MIN and all(f <= EARLY for f in top_fractions):
-        advice = "too_long"
-    elif len(top) >= TOP_MIN and sum(f >= LATE for f in top_fractions) >= CONSISTENT * len(top):
-        advice = "train_longer"
+    per_arm: list[dict[str, Any]] = []
+    top_ids: list[int] = []
+    all_fractions: list[float] = []
+    for label, top in _top_per_arm(feasible, sign):
+        top_fractions = [_fraction(t, horizon) for t in top]
+        improving = [t.id for t in top if _still_improving(t, objective, sign)]
+        late = [f >= LATE for f in top_fractions]
+        advice = None
+        if len(top) >= TOP_MIN and all(f <= EARLY for f in top_fractions):
+            advice = "too_long"
+        elif len(top) >= TOP_MIN and sum(late) >= CONSISTENT * len(top) and 2 * len(improving) > len(top):
+            advice = "train_longer"
+        per_arm.append(
+            {
+                "label": label,
+                "trial_ids": [t.id for t in top],
+                "fractions": top_fractions,
+                "still_improving": improving,
+                "advice": advice,
+            }
+        )
+        top_ids += [t.id for t in top]
+        all_fractions += top_fractions
     return {
         "max_train_steps": horizon,
         "best_step_fractions": fractions,
-        "top": {"trial_ids": [t.id for t in top], "fractions": top_fractions},
-        "advice": advice,
+        "top": {"trial_ids": top_ids, "fractions": all_fractions},
+        "advice": next((a["advice"] for a in per_arm if a["advice"]), None),
+        "per_arm": per_arm,
     }
 
 
+def _still_improving(t: TrialSummary, objective: CurveStats | None, sign: float) -> bool:
+    """Whether the trial's objective curve still improves over its late part by more than 3 noise
+    levels and, practically, by more than `LATE_GAIN` of what the whole run gained (the same
+    yardsticks as diagnostics.still_improving)."""
+    if objective is None:
+        return True
+    found = objective.of(t.id)
+    if found is None or found["n"] < 5:
+        return found is None
+    gain = -sign * found["late_change"]
+    total = found["maximum"] - found["minimum"]
+    return gain > max(3.0 * math.sqrt(2.0) * found["late_noise"], LATE_GAIN * total)
+
+
 def max_train_steps_warnings(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    advice, top, horizon = summary["advice"], summary["top"], summary["max_train_steps"]
-    if advice is None:
-        return []
-    fractions = top["fractions"]
-    if advice == "too_long":
-        latest = max(fractions) * horizon
-        message = (
-            f"The best step of every one of the {len(fractions)} best trials falls in the first 10% of training "
-            f"(the latest at step {fmt(latest)} of max_train_steps = {fmt(horizon)}): max_train_steps is far too "
-            f"high. Lower it (to about {fmt(_nice(3 * latest))}) and spend the compute on more trials."
-        )
-    else:
-        late = sum(f >= LATE for f in fractions)
-        message = (
-            f"In {late} of the {len(fractions)} best trials the best step falls in the last 25% of training "
-            f"(max_train_steps = {fmt(horizon)}): they may benefit from training longer. Raise max_train_steps "
-            f"(e.g. to {fmt(_nice(1.5 * horizon))}) and re-tune the learning-rate decay schedule."
-        )
-    return [warning("max_train_steps", message, param="max_train_steps")]
+    out = []
+    horizon = summary["max_train_steps"]
+    multi = len(summary.get("per_arm") or []) > 1
+    for arm in summary.get("per_arm") or []:
+        advice, fractions = arm["advice"], arm["fractions"]
+        if advice is None:
+            continue
+        where = f" of arm {arm['label']}" if multi else ""
+        if advice == "too_long":
+            latest = max(fractions) * horizon
+            message = (
+                f"The best step of every one of the {len(fractions)} best trials{where} falls in the first 10% of "
+                f"training (the latest at step {fmt(latest)} of max_train_steps = {fmt(horizon)}): max_train_steps is "
+                f"far too high. Lower it (to about {fmt(_nice(3 * latest))}) and spend the compute on more trials."
+            )
+        else:
+            late = sum(f >= LATE for f in fractions)
+            message = (
+                f"In {late} of the {len(fractions)} best trials{where} the best step falls in the last 25% of training "
+                f"(max_train_steps = {fmt(horizon)}) and {len(arm['still_improving'])} are still improving at the end: "
+                f"they may benefit from training longer. Raise max_train_steps (e.g. to {fmt(_nice(1.5 * horizon))}) "
+                "and re-tune the learning-rate decay schedule."
+            )
+        out.append(warning("max_train_steps", message, param="max_train_steps"))
+    return out
 
 
 def grad_clip_summary(per_trial: Sequence[Mapping[str, Any]], arms: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -148,15 +195,15 @@ def _fraction(trial: TrialSummary, horizon: float) -> float:
     return round(float(trial.best_step or 0) / horizon, 4)
 
 
-def _top_per_arm(feasible: Sequence[TrialSummary], sign: float) -> list[TrialSummary]:
+def _top_per_arm(feasible: Sequence[TrialSummary], sign: float) -> list[tuple[str, list[TrialSummary]]]:
     groups: dict[str, list[TrialSummary]] = {}
     for t in feasible:
         groups.setdefault(t.arm_key, []).append(t)
-    top: list[TrialSummary] = []
+    out = []
     for group in groups.values():
         group.sort(key=lambda t: sign * (t.objective or 0.0))
-        top += group[: max(TOP_MIN, math.ceil(TOP_SHARE * len(group)))]
-    return top
+        out.append((arm_label(group[0].arm), group[: max(TOP_MIN, math.ceil(TOP_SHARE * len(group)))]))
+    return out
 
 
 def _nice(x: float) -> float:

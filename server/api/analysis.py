@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response, status
 
 from .. import plots
 from ..analysis.plotdata import plot_data
+from ..analysis.replicas import replicate_best
 from ..analysis.service import analyze_study
 from ..analysis.tracking import tracking_csv, tracking_rows
+from ..schemas import StudyReplicasRequest
 from .deps import DatabaseDep, StudyId
 
 router = APIRouter(prefix="/api/v1", tags=["analysis"])
@@ -29,6 +31,13 @@ def studies_csv(db: DatabaseDep, request: Request) -> Response:
 @router.get("/studies/{study_id}/analysis")
 def get_analysis(db: DatabaseDep, study_id: StudyId) -> dict[str, Any]:
     return analyze_study(db, study_id)
+
+
+@router.post("/studies/{study_id}/replicas", status_code=status.HTTP_201_CREATED)
+def post_replicas(db: DatabaseDep, study_id: StudyId, body: StudyReplicasRequest) -> dict[str, Any]:
+    """Replicas of the best `per_arm` trials of every arm (`count` each), to measure trial
+    variance; replicas never become the study's best. Answers `{trial_ids, sources}`."""
+    return replicate_best(db, study_id, body.per_arm, body.count)
 
 
 @router.get("/studies/{study_id}/plots/{kind}", response_class=Response)

@@ -69,3 +69,55 @@ def response(log_lr: float, optimum: float, scale: float = 0.15) -> float:
 
 def lr_of(unit: float, lo: float, hi: float) -> float:
     return math.exp(math.log(lo) + unit * (math.log(hi) - math.log(lo)))
+
+
+def diverged(seed: int) -> tuple[Curve, Curve]:
+    """A run that learns, then blows up with finite values (training loss to 2.5e7 from step 600)
+    and sits at chance (validation error 0.9) to the end: the Nesterov runs of issue 10."""
+    valid, train = clean(seed, 0.1)
+    v = np.where(EVAL_STEPS >= 600, 0.9, valid.values)
+    blown = 2.5e7 * (1 + 0.1 * np.random.default_rng(seed).random(TRAIN_STEPS.size))
+    t = np.where(TRAIN_STEPS >= 600, blown, train.values)
+    return Curve(EVAL_STEPS, v), Curve(TRAIN_STEPS, t)
+
+
+def at_chance(seed: int) -> tuple[Curve, Curve]:
+    """A run that never learns: training loss flat at ln 10, validation error at chance (0.9)."""
+    rng = np.random.default_rng(seed)
+    valid = 0.9 + 0.002 * rng.normal(size=EVAL_STEPS.size)
+    train = math.log(10) + 0.01 * rng.normal(size=TRAIN_STEPS.size)
+    return Curve(EVAL_STEPS, np.minimum(valid, 0.9)), Curve(TRAIN_STEPS, train)
+
+
+def overfit_doubling(seed: int, level: float = 0.05) -> tuple[Curve, Curve]:
+    """Validation error from chance down to `level` at step 600, then doubling to 2 x level by the
+    end while the training loss keeps falling: a tenth of the curve's range, plainly overfitting."""
+    rng = np.random.default_rng(seed)
+    drop = level + (0.9 - level) * np.exp(-EVAL_STEPS / 120)
+    rise = level * np.clip((EVAL_STEPS - 600) / 1400, 0, None)
+    valid = drop + rise + 0.001 * rng.normal(size=EVAL_STEPS.size)
+    train = 0.01 + 2.0 * np.exp(-TRAIN_STEPS / 300) * (1 + 0.03 * rng.normal(size=TRAIN_STEPS.size))
+    return Curve(EVAL_STEPS, valid), Curve(TRAIN_STEPS, train)
+
+
+def unstable_train(seed: int, level: float = 0.1) -> tuple[Curve, Curve]:
+    """Clean validation, but a training loss that goes up for a while mid-training after a steady
+    decline (the playbook's loss instability at learning rates just above the best)."""
+    valid, train = clean(seed, level)
+    bump = 0.6 * np.exp(-(((TRAIN_STEPS - 1100) / 200) ** 2))
+    return valid, Curve(TRAIN_STEPS, train.values + bump)
+
+
+def lucky_last(seed: int, level: float = 0.1) -> tuple[Curve, Curve]:
+    """Converged by mid-training and flat, but the last evaluation is a little lucky (below the
+    level by three noise sd), so the best step is the last one: not a reason to train longer."""
+    valid, train = clean(seed, level)
+    values = valid.values.copy()
+    values[-1] = level - 0.012
+    return Curve(EVAL_STEPS, values), train
+
+
+def class_counts(steps: np.ndarray, classes: int = 10) -> dict[str, Curve]:
+    """Per-class correct counts, as hpo's classification workloads report them (they tell the
+    analysis how many classes there are, so what chance is)."""
+    return {f"valid/correct/class_{k}": Curve(steps, np.full(steps.size, 10.0)) for k in range(classes)}

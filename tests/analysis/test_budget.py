@@ -51,3 +51,12 @@ def test_retrain_noise_counts_as_flat() -> None:
     flat, facts = flattened(best_of_k(values, 1.0), 1.0)
     assert not flat
     assert flattened(best_of_k(values, 1.0), 1.0, noise=facts["gain_last_half"] * 1.01)[0]
+
+
+def test_quantile_labels_follow_the_values_in_max_mode() -> None:
+    """`p5` is the lower value in both modes (in `max` mode the oriented 5% is the values' 95th)."""
+    accuracies = [0.5, 0.6, 0.7, 0.8, 0.9]
+    for sign in (1.0, -1.0):
+        shown = best_of_k(accuracies, sign, ks=[1]).as_dict()
+        assert shown["p5"][0] <= shown["p25"][0] <= shown["median"][0] <= shown["p75"][0] <= shown["p95"][0]
+    assert best_of_k(accuracies, -1.0, ks=[1]).as_dict()["p95"][0] == 0.9

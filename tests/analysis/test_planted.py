@@ -93,16 +93,28 @@ def test_optimum_inside_and_clean_curves_raise_nothing(client: httpx.Client) -> 
     assert result["grad_clip"]["p90"] is not None and 1.0 < result["grad_clip"]["p90"] < 1.5
     assert result["max_train_steps"]["advice"] is None
     assert [c["param"] for c in result["caveats"]] == ["batch_size", "max_train_steps"]
+    # false alarms of the newer rules: nothing diverged, overfits or is unstable; one arm compares nothing
+    assert result["infeasible"]["diverged"] == [] and result["overfitting"] == {
+        "examined": 24,
+        "flagged": 0,
+        "trial_ids": [],
+        "exempt_ids": [],
+    }
+    assert result["comparison"] is None and result["trial_variance"]["measured"] is False
 
 
 def test_planted_overfitting_is_found_in_the_best_trials(client: httpx.Client) -> None:
     study = create(client, spec("overfitting"))
     run_pending(client, valley(0.5, curves=planted.overfitting))
     result = analysis(client, study["id"])
-    assert kinds(result) == ["overfitting"] * 3
+    # the best three each warned, and one summary for the 21 others (every finished trial is examined)
+    assert kinds(result) == ["overfitting"] * 4
     best_three = {c["trial_id"] for c in result["curves"]}
-    assert {w["trial_id"] for w in result["warnings"]} == best_three
+    assert {w["trial_id"] for w in result["warnings"]} == best_three | {None}
     assert "regularization" in result["warnings"][0]["message"]
+    assert result["overfitting"]["examined"] == 24 and result["overfitting"]["flagged"] == 24
+    (summary,) = [w for w in result["warnings"] if w["trial_id"] is None]
+    assert "24 of the 24 finished trials overfit" in summary["message"]
 
 
 def test_thirty_percent_nan_trials(client: httpx.Client) -> None:
@@ -167,8 +179,9 @@ def test_replicas_measure_trial_variance_and_flag_arms_within_noise(client: http
     assert run_pending(client, plant) == 6
     after = analysis(client, study["id"])
     for arm in after["arms"]:
-        assert arm["n_replicas"] == 3 and len(arm["replica_values"]) == 4
+        assert arm["n_replicas"] == 3 and len(arm["replica_values"]) == 3  # the selected original left out
         assert 0.002 < arm["replica_std"] < 0.04
     assert {a["best_trial_id"] for a in after["arms"]} == {a["best_trial_id"] for a in before["arms"]}
-    assert "within_noise" in kinds(after)
+    assert after["comparison"]["verdict"] == "within_noise" and after["trial_variance"]["measured"] is True
+    assert kinds(after) == ["replicas_recommended", "within_noise"]
     assert all(a["n_trials"] == 8 for a in after["arms"])  # replicas are not counted as search trials

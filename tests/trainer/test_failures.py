@@ -105,3 +105,54 @@ def test_a_model_that_cannot_overfit_one_batch_is_warned_about(tmp_path: Path) -
     result = train(config, tmp_path)
     assert result.status == "completed"
     assert any(w.startswith("overfit_one_batch") for w in result.warnings), result.warnings
+
+
+def test_finite_but_uncharacteristically_high_loss_is_infeasible(tmp_path: Path) -> None:
+    """Playbook 002, Figure 7a: "uncharacteristically high values of the loss" are infeasible too.
+    Momentum at lr 20 blows the loss up to ~1e11 with finite values before any NaN."""
+    config = make_config({"optimizer": "momentum", "learning_rate": 20.0}, {"max_train_steps": 100})
+    config["trainer"]["divergence_patience"] = 5
+    result = train(config, tmp_path)
+    assert result.status == "infeasible" and result.step < 20
+    assert (result.reason or "").startswith("training loss diverged") and f"at step {result.step}" in result.reason
+    losses = series(read_metrics(tmp_path), "train/loss")
+    assert math.isfinite(losses[result.step]) and losses[result.step] > 3 * losses[1]
+    # the check can be turned off, and then the same run goes on until the loss is no longer finite
+    config["trainer"]["divergence_factor"] = None
+    off = train(config, tmp_path / "off")
+    assert not (off.reason or "").startswith("training loss diverged")
+
+
+def test_divergence_monitor_needs_a_sustained_stretch() -> None:
+    from hpo.trainer.divergence import DivergenceMonitor
+
+    monitor = DivergenceMonitor(factor=3.0, patience=3)
+    assert [monitor.update(s, v) for s, v in enumerate([2.0, 1.0, 50.0, 1.0, 7.0, 7.0], 1)] == [None] * 6
+    assert monitor.update(7, 7.0) is not None  # three steps in a row above 3 x 2.0 and 3 x 1.0
+    negative = DivergenceMonitor(factor=3.0, patience=1)
+    assert [negative.update(s, v) for s, v in enumerate([-1.0, 5.0, 5.0], 1)] == [None] * 3
+
+
+def test_retention_deletes_are_reported_so_records_follow_the_files(tmp_path: Path) -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.saved: list[int] = []
+            self.deleted: list[int] = []
+
+        def metrics(self, step: int, values: dict[str, float]) -> None:
+            return None
+
+        def checkpoint(self, step: int, path: str, objective_value: float | None) -> None:
+            self.saved.append(step)
+
+        def checkpoints_deleted(self, steps: list[int]) -> None:
+            self.deleted += steps
+
+        def should_stop(self) -> bool:
+            return False
+
+    recorder = Recorder()
+    config = make_config(trainer={"max_train_steps": 60, "eval_every_steps": 10, "keep_best_checkpoints": 1})
+    assert train(config, tmp_path, reporter=recorder).status == "completed"
+    on_disk = {step for step, _ in list_checkpoints(tmp_path / "checkpoints")}
+    assert recorder.deleted and set(recorder.saved) - set(recorder.deleted) == on_disk

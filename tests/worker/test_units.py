@@ -122,6 +122,7 @@ class FakeServer:
         self.lease_lost = False
         self.batches: list[list[dict[str, Any]]] = []
         self.events: list[tuple[str, int]] = []  # ("points", max step) / ("checkpoint", step), in order
+        self.deleted: list[int] = []  # checkpoint steps reported as deleted by retention
         self.lock = threading.Lock()
 
     def handle(self, request: httpx.Request) -> httpx.Response:
@@ -136,6 +137,7 @@ class FakeServer:
                 self.events.append(("points", max(p["step"] for p in body["points"])))
             else:
                 self.events.append(("checkpoint", body["step"]))
+                self.deleted.extend(body.get("deleted_steps", []))
         return httpx.Response(200, json={})
 
     def steps(self) -> list[int]:
@@ -223,6 +225,23 @@ def test_checkpoint_is_recorded_only_after_the_points_it_covers(tmp_path: Path) 
     wait_for(lambda: ("checkpoint", 10) in server.events)
     position = server.events.index(("checkpoint", 10))
     assert max(step for kind, step in server.events[:position] if kind == "points") >= 10
+    reporter.close()
+
+
+def test_retention_deletes_drop_unsent_records_and_travel_with_the_next_one(tmp_path: Path) -> None:
+    server = FakeServer()
+    reporter, write = make_reporter(tmp_path, server, flush_points=1, flush_seconds=0.05)
+    reporter.start()
+    write(5)
+    reporter.checkpoint(5, tmp_path / "trials" / "1" / "ckpt-5", 0.5)
+    write(6)
+    wait_for(lambda: ("checkpoint", 5) in server.events)
+    reporter.checkpoint(10, tmp_path / "trials" / "1" / "ckpt-10", 0.6)
+    reporter.checkpoints_deleted([5, 10])  # 10 was never sent: it is dropped; 5 was: the server is told
+    reporter.checkpoint(20, tmp_path / "trials" / "1" / "ckpt-20", 0.4)
+    write(21)
+    wait_for(lambda: ("checkpoint", 20) in server.events)
+    assert ("checkpoint", 10) not in server.events and sorted(server.deleted) == [5, 10]
     reporter.close()
 
 
