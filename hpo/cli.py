@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 # Each part's cli module exposes `register(subparsers)`; the modules themselves import only argparse.
-_PARTS = ("hpo.server.cli", "hpo.trainer.cli", "hpo.worker.cli", "hpo.study_cli")
+_PARTS = ("hpo.server.cli", "hpo.server.token_cli", "hpo.trainer.cli", "hpo.worker.cli", "hpo.study_cli")
 
 
 class CliError(Exception):

@@ -120,6 +120,9 @@ class Claim(_Public):
     config: dict[str, Any]
     resume_from: dict[str, Any] | None
     artifact_path: str
+    # Set when the server needs tokens: lets the trial process post its own metrics and
+    # checkpoints (and nothing else), so it never holds the worker's token.
+    trial_token: str | None = None
 
 
 class LeaseRequest(_Request):

@@ -30,9 +30,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from . import guards
 from .errors import FieldError, InvalidInput
 
 MAX_TRIALS_PER_STUDY = 100_000
+MAX_SPEC_DEPTH = 32
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-/]+")
 CROSSED_TYPES = ("categorical", "discrete")
 RANGE_TYPES = ("float", "int")
@@ -113,7 +115,8 @@ class Hyperparameter(_Strict):
 
 
 class TrainerSettings(BaseModel):
-    """Fixed training settings of the study; unknown keys pass through to the trainer.
+    """Fixed training settings of the study; other keys the trainer reads pass through to it
+    (hpo.server.guards.TRAINER_KEYS lists them; any other key is refused).
     `max_train_steps` is never a tuned hyperparameter (playbook, "Determining the number of steps
     for each training run")."""
 
@@ -165,6 +168,8 @@ def parse_spec(raw: object) -> StudySpec:
     right. Pure: no I/O, the same input gives the same answer."""
     if not isinstance(raw, dict):
         raise InvalidInput.one("body", "must be a JSON object (the study spec)")
+    if guards.depth(raw, MAX_SPEC_DEPTH) > MAX_SPEC_DEPTH:
+        raise InvalidInput.one("body", f"nests deeper than {MAX_SPEC_DEPTH} levels")
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as exc:
@@ -372,6 +377,7 @@ def _condition_errors(spec: StudySpec, path: str, key: str, allowed: list[Any]) 
 
 
 def _trainer_errors(spec: StudySpec) -> Iterator[FieldError]:
+    yield from guards.trainer_errors(spec)
     declared = {hp.name for hp in spec.hyperparameters}
     for key in sorted((spec.trainer.model_extra or {}).keys() & declared):
         yield FieldError(f"trainer.{key}", f"is also declared as a hyperparameter; give {key!r} in one place")

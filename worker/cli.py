@@ -55,6 +55,22 @@ def _register_worker(subparsers: Any) -> None:
         metavar="MODULE:FUNCTION",
         help="training function with hpo.trainer's contract, importable on every node",
     )
+    parser.add_argument(
+        "--allow-workload",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="also run user workloads whose module matches GLOB (e.g. 'mylab.*'; repeatable; adds to "
+        "$HPO_ALLOWED_WORKLOADS). Built-in workloads always run; anything else fails as `config`",
+    )
+    parser.add_argument(
+        "--allow-command",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="also run trainer commands whose argv starts with PREFIX (shell-quoted, e.g. "
+        "'/opt/venv/bin/python /srv/train.py'; repeatable; adds to $HPO_ALLOWED_COMMANDS)",
+    )
     parser.add_argument("--no-warm-up", action="store_true", help="do not pre-start Ray worker processes")
     parser.add_argument("--log-level", default="info")
     parser.set_defaults(handler=_run_worker)
@@ -82,20 +98,34 @@ def _run_worker(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     from .loop import Worker
 
-    return Worker(_worker_options(args)).run()
+    options = _worker_options(args)
+    _scrub_secrets()
+    return Worker(options).run()
+
+
+# Read into the options above, then removed from this process's environment before Ray starts:
+# Ray's worker processes, and so every trial's code, inherit it (docs/security.md).
+SECRET_VARIABLES = ("HPO_API_TOKEN", "HPO_SESSION_SECRET", "HPO_DATABASE_URL")
+
+
+def _scrub_secrets() -> None:
+    for name in SECRET_VARIABLES:
+        os.environ.pop(name, None)
 
 
 def _worker_options(args: argparse.Namespace) -> Any:
     from pathlib import Path
 
     from hpo.cli import CliError
+    from hpo.policy import PolicyError
     from hpo.settings import Settings, SettingsError
 
     from .loop import WorkerOptions, default_worker_id
 
     try:
         settings = Settings.from_env()
-    except SettingsError as exc:
+        policy = settings.execution_policy.merged(args.allow_workload, args.allow_command)
+    except (SettingsError, PolicyError) as exc:
         raise CliError(str(exc)) from None
     for name in ("num_cpus", "num_gpus", "max_trials"):
         value = getattr(args, name)
@@ -114,6 +144,7 @@ def _worker_options(args: argparse.Namespace) -> Any:
         exit_when_idle_seconds=args.exit_when_idle,
         warm_up=not args.no_warm_up,
         trainer=args.trainer,
+        policy=policy,
     )
 
 

@@ -76,6 +76,12 @@ def install(app: FastAPI) -> None:
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(status_code=exc.status_code, content={"detail": exc.detail}, headers=exc.headers)
 
+    @app.exception_handler(RecursionError)
+    async def _too_deep(_request: Request, exc: RecursionError) -> JSONResponse:
+        # json.loads and pydantic recurse per nesting level; a body nested thousands deep is
+        # the client's error, refused before anything is stored.
+        return invalid_response([FieldError("body", "is nested too deeply")])
+
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         _log.exception("unexpected error", exc_info=exc)

@@ -1,14 +1,10 @@
-"""ASGI middleware: the request size limit and the optional bearer token."""
+"""ASGI middleware: the request size limit (credentials: `auth.py`; hostile bodies: `hostile.py`)."""
 
 from __future__ import annotations
 
-import hmac
 import json
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-_OPEN_PATHS = ("/healthz", "/readyz")
 
 
 async def _reply(send: Send, status: int, detail: str) -> None:
@@ -55,18 +51,3 @@ class BodyLimit:
 
 class _TooLarge(Exception):
     pass
-
-
-class BearerToken:
-    """When a token is set, every call but the health checks needs `Authorization: Bearer <token>`."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app, self.expected = app, f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("path") not in _OPEN_PATHS:
-            given: Any = dict(scope.get("headers", [])).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                await _reply(send, 401, "missing or wrong bearer token (HPO_API_TOKEN)")
-                return
-        await self.app(scope, receive, send)

@@ -8,14 +8,14 @@ from fastapi import APIRouter, Body, Query, status
 
 from .. import studies, trials
 from ..schemas import ManualTrialsIn, Page, StudyCreated, StudyPatch, StudyPublic
-from .deps import DatabaseDep, StudyId
+from .deps import DatabaseDep, SettingsDep, StudyId
 
 router = APIRouter(prefix="/api/v1/studies", tags=["studies"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyCreated)
-def create_study(db: DatabaseDep, spec: Any = Body(...)) -> StudyCreated:
-    return studies.create_study(db, spec)
+def create_study(db: DatabaseDep, settings: SettingsDep, spec: Any = Body(...)) -> StudyCreated:
+    return studies.create_study(db, spec, settings.execution_policy)
 
 
 @router.get("", response_model=Page)
