@@ -121,9 +121,11 @@ def revoke_token(db: Database, token_id: int) -> TokenInfo:
         return _info(row)
 
 
-def active_token_count(db: Database) -> int:
+def token_count(db: Database) -> int:
+    """How many tokens were ever created. Revoked ones count: revoking the last token must lock
+    the server, not open it again."""
     with db.transaction() as session:
-        return int(session.scalar(select(func.count()).select_from(ApiToken).where(ApiToken.revoked_at.is_(None))) or 0)
+        return int(session.scalar(select(func.count()).select_from(ApiToken)) or 0)
 
 
 def _role_of_hash(db: Database, token_hash: str) -> tuple[int, str] | None:
@@ -188,12 +190,12 @@ class Authenticator:
         return self._key
 
     def enabled(self) -> bool:
-        """Whether calls need credentials: `HPO_API_TOKEN` is set or any token exists (blocking)."""
+        """Whether calls need credentials: `HPO_API_TOKEN` is set or a token was ever created (blocking)."""
         if self._admin_hash is not None:
             return True
         now = time.monotonic()
         if now >= self._enabled_until:
-            self._enabled = active_token_count(self._db) > 0
+            self._enabled = token_count(self._db) > 0
             self._enabled_until = now + CACHE_SECONDS
         return self._enabled
 

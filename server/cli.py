@@ -76,13 +76,13 @@ def is_loopback(host: str) -> bool:
 
 
 def _upgrade_once(settings: Any) -> int:
-    """Upgrades the schema once before the processes start; answers how many tokens are active."""
-    from hpo.server.auth import active_token_count
+    """Upgrades the schema once before the processes start; answers how many tokens exist."""
+    from hpo.server.auth import token_count
     from hpo.server.db import Database
 
     db = Database(settings.database_url)
     try:
         db.upgrade()
-        return active_token_count(db)
+        return token_count(db)
     finally:
         db.dispose()

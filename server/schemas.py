@@ -13,7 +13,8 @@ TrialStatusName = Literal["pending", "running", "completed", "infeasible", "fail
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `true` is not a number and "7" is not an integer.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Public(BaseModel):
@@ -65,11 +66,21 @@ class StudyCreated(StudyPublic):
 
 class StudyPatch(_Request):
     status: Literal["active", "paused", "archived"] | None = None
-    num_trials: int | None = Field(default=None, ge=1)
+    num_trials: int | None = Field(default=None, ge=1, le=100_000)
 
 
 class ManualTrialIn(_Request):
-    params: dict[str, Any]
+    params: dict[str, Any] = Field(max_length=1000)
+
+    @field_validator("params")
+    @classmethod
+    def _scalar_values(cls, params: dict[str, Any]) -> dict[str, Any]:
+        # Hyperparameter values are scalars; nothing nested reaches the spec checks or the database.
+        for name, value in params.items():
+            too_long = len(name) > 200 or (isinstance(value, str) and len(value) > 10_000)
+            if too_long or not isinstance(value, (str, int, float)):
+                raise ValueError(f"{name[:200]!r} must be a string, a number or a boolean")
+        return params
     seed: int | None = Field(default=None, ge=0, lt=2**31)
 
 
@@ -99,8 +110,8 @@ class TrialPublic(_Public):
 class ClaimResources(_Request):
     """What the worker can place for one trial now."""
 
-    cpus: float = Field(default=1.0, ge=0)
-    gpus: float = Field(default=0.0, ge=0)
+    cpus: float = Field(default=1.0, ge=0, le=1_000_000)
+    gpus: float = Field(default=0.0, ge=0, le=100_000)
 
 
 class ClaimRequest(_Request):
@@ -190,7 +201,7 @@ class CheckpointPublic(_Public):
 class FailRequest(LeaseRequest):
     kind: Literal["infeasible", "error", "preempted", "config"]
     reason: str = Field(default="", max_length=20_000)
-    step: int | None = Field(default=None, ge=0)
+    step: int | None = Field(default=None, ge=0, lt=2**31)
 
 
 class ReplicasRequest(_Request):

@@ -53,15 +53,35 @@ def get_study(db: Database, study_id: int) -> StudyPublic:
 
 
 def list_studies(db: Database, *, status: str | None = None, limit: int = 100, offset: int = 0) -> Page:
+    """A page of studies, newest first. Filtering and paging happen in SQL: only the page's rows
+    (and their specs) are loaded, however many studies there are."""
     with db.transaction() as session:
-        query: Select[Any] = select(Study)
-        if status is not None and status != "completed":
-            query = query.where(Study.status == StudyStatus(status))
-        studies = session.scalars(query.order_by(Study.id.desc())).all()
-        views = [_public(session, s) for s in studies]
-    if status is not None:
-        views = [v for v in views if v.status == status]
-    return Page(items=views[offset : offset + limit], total=len(views))
+        query: Select[Any] = select(Study.id)
+        if status is not None:
+            query = query.where(_status_condition(status))
+        total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+        page = session.scalars(
+            select(Study).where(Study.id.in_(query.order_by(Study.id.desc()).limit(limit).offset(offset)))
+        ).all()
+        views = [_public(session, s) for s in sorted(page, key=lambda s: -s.id)]
+    return Page(items=views, total=total)
+
+
+def _status_condition(status: str) -> Any:
+    """The effective status (`_effective_status`) as SQL: an active study whose trials have all
+    finished reads `completed`."""
+    has_trials = select(Trial.id).where(Trial.study_id == Study.id).exists()
+    unfinished = (
+        select(Trial.id)
+        .where(Trial.study_id == Study.id, Trial.status.in_([TrialStatus.pending, TrialStatus.running]))
+        .exists()
+    )
+    done = has_trials & ~unfinished
+    if status == "completed":
+        return (Study.status == StudyStatus.active) & done
+    if status == "active":
+        return (Study.status == StudyStatus.active) & ~done
+    return Study.status == StudyStatus(status)
 
 
 def patch_study(db: Database, study_id: int, patch: StudyPatch) -> StudyPublic:

@@ -17,7 +17,13 @@ def parse_number(value: float | str) -> float:
             return _FROM_STRING[value]
         except KeyError:
             raise ValueError('must be a number or one of "NaN", "Infinity", "-Infinity"') from None
-    return float(value)
+    # bool is an int, and an object or a 400-digit integer must be a 422, not a TypeError's 500.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError('must be a number or one of "NaN", "Infinity", "-Infinity"')
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError("is too large for a double") from None
 
 
 def to_storage(value: float) -> tuple[float | None, int]:

@@ -74,6 +74,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # FastAPI's answer when json.loads itself fails other than by syntax: nesting deeper
+            # than the parser recurses (RecursionError), or bytes that are not text.
+            return invalid_response([FieldError("body", "cannot be parsed: nested too deeply, or not UTF-8 text")])
         return JSONResponse(status_code=exc.status_code, content={"detail": exc.detail}, headers=exc.headers)
 
     @app.exception_handler(RecursionError)

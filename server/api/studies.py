@@ -23,7 +23,7 @@ def list_studies(
     db: DatabaseDep,
     status: Literal["active", "paused", "archived", "completed"] | None = None,
     limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**31 - 1),
 ) -> Page:
     return studies.list_studies(db, status=status, limit=limit, offset=offset)
 
@@ -50,6 +50,6 @@ def list_trials(
     status: Literal["pending", "running", "completed", "infeasible", "failed", "cancelled"] | None = None,
     order_by: Literal["number", "-number", "objective"] = "number",
     limit: int = Query(100, ge=1, le=10_000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**31 - 1),
 ) -> Page:
     return trials.list_trials(db, study_id, status=status, order_by=order_by, limit=limit, offset=offset)
