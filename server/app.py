@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from hpo.settings import Settings
 
 from . import leases
-from .api import analysis, dashboard, errors, health, signin, studies, trials, workers
+from .api import analysis, dashboard, errors, health, openapi, signin, studies, trials, workers
 from .api.auth import Auth
 from .api.hostile import HostileInput
 from .api.middleware import BodyLimit
@@ -43,6 +43,7 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
     app.state.settings = settings
     app.state.auth = authenticator = Authenticator(db, settings.api_token, settings.session_secret)
     errors.install(app)
+    openapi.install(app)
     routers = (health, studies, trials, workers, analysis, dashboard, signin)
     for module in routers:
         app.include_router(module.router)

@@ -3,11 +3,11 @@ They are also the frozen value types the service functions return, separate from
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .values import parse_number, to_json
+from .values import INTEGRAL, Integer, parse_number, to_json
 
 TrialStatusName = Literal["pending", "running", "completed", "infeasible", "failed", "cancelled"]
 
@@ -66,7 +66,7 @@ class StudyCreated(StudyPublic):
 
 class StudyPatch(_Request):
     status: Literal["active", "paused", "archived"] | None = None
-    num_trials: int | None = Field(default=None, ge=1, le=100_000)
+    num_trials: Annotated[int, Field(ge=1, le=100_000), INTEGRAL] | None = None
 
 
 class ManualTrialIn(_Request):
@@ -81,7 +81,7 @@ class ManualTrialIn(_Request):
             if too_long or not isinstance(value, (str, int, float)):
                 raise ValueError(f"{name[:200]!r} must be a string, a number or a boolean")
         return params
-    seed: int | None = Field(default=None, ge=0, lt=2**31)
+    seed: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
 
 
 class ManualTrialsIn(_Request):
@@ -146,7 +146,7 @@ class HeartbeatAnswer(_Public):
 
 
 class MetricPointIn(_Request):
-    step: int = Field(ge=0, lt=2**31)
+    step: Integer = Field(ge=0, lt=2**31)
     name: str = Field(min_length=1, max_length=200)
     value: float
 
@@ -179,7 +179,7 @@ class MetricPointPublic(_Public):
 
 
 class CheckpointIn(LeaseRequest):
-    step: int = Field(ge=0, lt=2**31)
+    step: Integer = Field(ge=0, lt=2**31)
     uri: str = Field(min_length=1, max_length=4000)
     objective: float | None = None
 
@@ -201,8 +201,8 @@ class CheckpointPublic(_Public):
 class FailRequest(LeaseRequest):
     kind: Literal["infeasible", "error", "preempted", "config"]
     reason: str = Field(default="", max_length=20_000)
-    step: int | None = Field(default=None, ge=0, lt=2**31)
+    step: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
 
 
 class ReplicasRequest(_Request):
-    count: int = Field(ge=1, le=100)
+    count: Integer = Field(ge=1, le=100)

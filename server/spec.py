@@ -32,6 +32,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from . import guards
 from .errors import FieldError, InvalidInput
+from .values import INTEGRAL, Integer
 
 MAX_TRIALS_PER_STUDY = 100_000
 MAX_SPEC_DEPTH = 32
@@ -123,20 +124,20 @@ class TrainerSettings(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     workload: str = Field(default="synthetic_mlp", min_length=1, max_length=200)
-    max_train_steps: int = Field(default=1000, ge=1, le=10**9)
-    eval_every_steps: int = Field(default=100, ge=1, le=10**9)
-    keep_best_checkpoints: int = Field(default=3, ge=1, le=1000)
+    max_train_steps: Integer = Field(default=1000, ge=1, le=10**9)
+    eval_every_steps: Integer = Field(default=100, ge=1, le=10**9)
+    keep_best_checkpoints: Integer = Field(default=3, ge=1, le=1000)
 
 
 class Resources(_Strict):
-    workers: int = Field(default=1, ge=1, le=4096)
+    workers: Integer = Field(default=1, ge=1, le=4096)
     cpus_per_worker: float = Field(default=1.0, gt=0, le=1024)
     gpus_per_worker: float = Field(default=0.0, ge=0, le=64)
 
 
 class ManualTrial(_Strict):
     params: dict[str, Any]
-    seed: int | None = Field(default=None, ge=0, lt=2**31)
+    seed: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
 
 
 class StudySpec(_Strict):
@@ -145,13 +146,13 @@ class StudySpec(_Strict):
     goal: str = Field(default="", max_length=100_000)
     objective: Objective = Field(default_factory=Objective)
     algorithm: Literal["halton", "random", "grid", "manual"] = "halton"
-    num_trials: int = Field(default=1, ge=1, le=MAX_TRIALS_PER_STUDY)
-    seed: int = Field(default=0, ge=0, lt=2**32)
+    num_trials: Integer = Field(default=1, ge=1, le=MAX_TRIALS_PER_STUDY)
+    seed: Integer = Field(default=0, ge=0, lt=2**32)
     hyperparameters: list[Hyperparameter] = Field(default_factory=list, max_length=1000)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     resources: Resources = Field(default_factory=Resources)
-    max_attempts: int = Field(default=3, ge=1, le=100)
-    max_failed_trials: int = Field(default=3, ge=1, le=100_000)
+    max_attempts: Integer = Field(default=3, ge=1, le=100)
+    max_failed_trials: Integer = Field(default=3, ge=1, le=100_000)
     trials: list[ManualTrial] | None = Field(default=None, max_length=MAX_TRIALS_PER_STUDY)
 
     def declarations(self, name: str) -> list[Hyperparameter]:

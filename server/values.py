@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 from .models import NonFinite
 
@@ -52,3 +55,14 @@ def to_json(value: float | None) -> float | str | None:
     if math.isnan(value):
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
+
+
+def integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer field of a strict model: `7` and `7.0` (JSON Schema's integer, and what the trainer
+# accepts) but never `"7"` or `true`. Optional ones write `Annotated[int, Field(...), INTEGRAL] |
+# None`, so the bounds stay in the JSON schema.
+INTEGRAL = BeforeValidator(integral)
+Integer = Annotated[int, INTEGRAL]
