@@ -27,7 +27,8 @@ _KEEP = 64  # bytes carried to the next chunk, so an escape split across chunks 
 
 def refusal(field: str, reason: str) -> HTTPException:
     """An HTTPException FastAPI lets through its body parsing, in the API's 422 shape."""
-    return HTTPException(422, detail=[{"field": field, "reason": reason}])
+    detail: Any = [{"field": field, "reason": reason}]  # Starlette passes any detail through
+    return HTTPException(422, detail=detail)
 
 
 def bad_escape(data: bytes, final: bool = True) -> str | None:
