@@ -193,6 +193,8 @@ def test_nul_and_lone_surrogates_are_refused_before_the_database(client: httpx.C
     body = f'{{"name": "sur", "hyperparameters": [{sci}]}}'.encode()
     assert client.post(f"{API}/studies", content=body, headers={"content-type": "application/json"}).status_code == 422
     assert fields(client.get(f"{API}/trials/1/metrics", params={"name": "a\x00b"})).keys() == {"query"}
+    raw = b'{"name": "s", "description": "\xed\xa0\x80"}'  # a surrogate encoded as UTF-8: not UTF-8
+    assert client.post(f"{API}/studies", content=raw, headers={"content-type": "application/json"}).status_code == 422
     # A real pair and an escaped backslash followed by the letters u0000 are ordinary text.
     spec = small_spec("ok \U0001f600 \\u0000")
     assert client.post(f"{API}/studies", json=spec).status_code == 201
