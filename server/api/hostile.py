@@ -72,7 +72,7 @@ def _surrogate_at(data: bytes, at: int, *, low: bool) -> bool:
 
 
 class HostileInput:
-    def __init__(self, app: ASGIApp, body_seconds: float = BODY_SECONDS) -> None:
+    def __init__(self, app: ASGIApp, body_seconds: float | None = None) -> None:
         self.app, self.body_seconds = app, body_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -90,7 +90,7 @@ class HostileInput:
 
     def _checked(self, receive: Receive) -> Receive:
         carried = b""
-        seconds = self.body_seconds
+        seconds = self.body_seconds if self.body_seconds is not None else BODY_SECONDS
         done = False
 
         async def checked() -> Message:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -40,14 +41,15 @@ class BodyLimit:
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.max_bytes:
-                raise _TooLarge
+                # An HTTPException: the one kind FastAPI's body parsing lets through (as a 413).
+                raise _TooLarge(413, f"request body over {self.max_bytes} bytes")
             return message
 
         try:
             await self.app(scope, limited, send)
-        except _TooLarge:
-            await _reply(send, 413, f"request body over {self.max_bytes} bytes")
+        except _TooLarge as exc:
+            await _reply(send, 413, str(exc.detail))
 
 
-class _TooLarge(Exception):
+class _TooLarge(HTTPException):
     pass

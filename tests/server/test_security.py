@@ -5,6 +5,7 @@ naming the field, never a 5xx and never a stored row that breaks later reads."""
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 from hpo.policy import ExecutionPolicy
 from hpo.server import auth, studies
+from hpo.server.api import hostile
 from hpo.server.db import Database
 from hpo.settings import Settings
 from tests.conftest import LiveServer
@@ -250,3 +252,26 @@ def test_tracking_csv_cells_never_run_as_formulas(client: httpx.Client) -> None:
     text = client.get(f"{API}/studies.csv").text
     assert "'=HYPERLINK(1)" in text and "'@SUM(A1) +1 -1" in text
     assert ",=" not in text and ",@" not in text
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_oversized_chunked_and_stalled_bodies_are_cut_off(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostile, "BODY_SECONDS", 1.0)
+    with LiveServer(dataclasses.replace(settings, max_body_bytes=2048)) as live:
+
+        def chunks() -> Iterator[bytes]:
+            for _ in range(10):
+                yield b'{"name": "' + b"x" * 1000
+
+        for path in ("/studies", "/trials/1/metrics"):
+            headers = {"content-type": "application/json"}
+            response = httpx.post(f"{live.url}{API}{path}", content=chunks(), headers=headers)
+            assert response.status_code == 413, response.text
+        with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
+            sock.sendall(b"POST /api/v1/studies HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"name\"")
+            started = time.monotonic()
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5
