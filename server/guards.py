@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from hpo.policy import ExecutionPolicy
+from hpo.policy import ExecutionPolicy, env_refusal
 from hpo.trainer.config import TRAINING_HYPERPARAMETERS
 from hpo.trainer.config import TrainerSettings as _RunSettings
 
@@ -56,6 +56,14 @@ def trainer_errors(spec: StudySpec) -> Iterator[FieldError]:
     command = trainer_value(spec, "command")
     if command is not None:
         yield from _command_errors(command)
+    env = trainer_value(spec, "env")
+    if env is not None:
+        reason = env_refusal(env)
+        if reason is not None:
+            yield FieldError("trainer.env", reason)
+    workdir = trainer_value(spec, "workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not 0 < len(workdir) <= MAX_ARG_CHARS):
+        yield FieldError("trainer.workdir", f"must be a path of 1 to {MAX_ARG_CHARS} characters")
 
 
 def _options_errors(options: Any) -> Iterator[FieldError]:

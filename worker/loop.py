@@ -31,7 +31,7 @@ from typing import Any
 
 import ray
 
-from hpo.policy import ExecutionPolicy
+from hpo.policy import ExecutionPolicy, env_refusal
 
 from .capacity import Capacity, Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
@@ -342,6 +342,10 @@ def execution_refusal(config: dict[str, Any], policy: ExecutionPolicy) -> str | 
         reason = policy.command_refusal(command)
         if reason is not None:
             return f"trainer.command: {reason}"
+    if trainer.get("env") is not None:
+        reason = env_refusal(trainer["env"])
+        if reason is not None:
+            return f"trainer.env: {reason}"
     workload = trainer.get("workload", "synthetic_mlp")
     if not isinstance(workload, str):
         return "trainer.workload must be a string"

@@ -72,6 +72,8 @@ def test_the_servers_allow_list_admits_what_the_operator_allows(settings: Settin
         other_script = small_spec("c", command=["python", "x.py"])
         assert "trainer.command" in fields(http.post(f"{API}/studies", json=other_script))
         assert "trainer.workload" in fields(http.post(f"{API}/studies", json=small_spec("d", workload="other:Net")))
+        preload = small_spec("e", command=["python", "train.py"], env={"LD_PRELOAD": "/tmp/evil.so"})
+        assert "LD_PRELOAD" in fields(http.post(f"{API}/studies", json=preload))["trainer.env"]
 
 
 # --- tokens with roles -----------------------------------------------------------------------------

@@ -128,3 +128,6 @@ def test_commands_and_workloads_are_checked_against_the_policy() -> None:
     assert execution_refusal({"trainer": {"command": ["python", "train.py", "-v"]}}, policy) is None
     assert "--allow-command" in (execution_refusal({"trainer": {"command": ["python", "evil.py"]}}, policy) or "")
     assert "list of strings" in (execution_refusal({"trainer": {"command": "python train.py"}}, policy) or "")
+    assert "LD_PRELOAD" in (execution_refusal({"trainer": {"env": {"LD_PRELOAD": "/tmp/x.so"}}}, policy) or "")
+    harmless = {"trainer": {"command": ["python", "train.py"], "env": {"SEED_NOTE": "a"}}}
+    assert execution_refusal(harmless, policy) is None
