@@ -23,6 +23,12 @@ def register(subparsers: Any) -> None:
     create = commands.add_parser("create", help="create a token and print it once (stdout)")
     create.add_argument("--role", required=True, choices=ROLES)
     create.add_argument("--name", default="", help="what it is for (a person, a worker pool)")
+    create.add_argument(
+        "--output",
+        metavar="FILE",
+        help="write the token to FILE (mode 0600) instead of stdout; when FILE already holds a token, "
+        "create nothing (for deployment scripts that run at every start)",
+    )
     create.set_defaults(handler=_create)
     listing = commands.add_parser("list", help="list tokens (never the tokens themselves)")
     listing.set_defaults(handler=_list)
@@ -46,10 +52,16 @@ def _database() -> Any:
 
 
 def _create(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from hpo.cli import CliError
     from hpo.server.auth import create_token
     from hpo.server.errors import HpoError
 
+    output = Path(args.output) if args.output else None
+    if output is not None and output.is_file() and output.read_text().strip():
+        print(f"{output} already holds a token; nothing created", file=sys.stderr)
+        return 0
     db = _database()
     try:
         info, token = create_token(db, args.role, args.name)
@@ -58,9 +70,23 @@ def _create(args: argparse.Namespace) -> int:
     finally:
         db.dispose()
     label = f"{info.role}, {info.name}" if info.name else info.role
+    if output is not None:
+        _write_private(output, token + "\n")
+        print(f"token {info.id} ({label}) written to {output}", file=sys.stderr)
+        return 0
     print(f"token {info.id} ({label}); it is shown only now:", file=sys.stderr)
     print(token)
     return 0
+
+
+def _write_private(path: Any, text: str) -> None:
+    import os
+
+    temporary = path.with_name(path.name + ".new")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
 
 
 def _list(_args: argparse.Namespace) -> int:

@@ -56,6 +56,13 @@ def _register_worker(subparsers: Any) -> None:
         help="training function with hpo.trainer's contract, importable on every node",
     )
     parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="read the worker's token from FILE (default $HPO_API_TOKEN); "
+        "a worker token: hpo token create --role worker",
+    )
+    parser.add_argument(
         "--allow-workload",
         action="append",
         default=[],
@@ -131,10 +138,16 @@ def _worker_options(args: argparse.Namespace) -> Any:
         value = getattr(args, name)
         if value is not None and value < (1 if name == "max_trials" else 0):
             raise CliError(f"--{name.replace('_', '-')} must be >= {1 if name == 'max_trials' else 0}, got {value}")
+    token = settings.api_token
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip() or None
+        except OSError as exc:
+            raise CliError(f"--token-file: {exc}") from None
     return WorkerOptions(
         server_url=args.server,
         artifact_root=Path(args.artifact_root or settings.artifact_root),
-        token=settings.api_token,
+        token=token,
         ray_address=args.ray_address,
         num_cpus=args.num_cpus,
         num_gpus=args.num_gpus,

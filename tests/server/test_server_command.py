@@ -82,3 +82,25 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_token_commands_create_list_and_revoke(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HPO_DATABASE_URL", f"sqlite:///{tmp_path / 'hpo.db'}")
+    assert main(["token", "create", "--role", "write", "--name", "alice"]) == 0
+    token = capsys.readouterr().out.strip()
+    assert token.startswith("hpo_") and len(token) > 40
+    path = tmp_path / "worker.token"
+    assert main(["token", "create", "--role", "worker", "--output", str(path)]) == 0
+    written = path.read_text().strip()
+    assert written.startswith("hpo_") and path.stat().st_mode & 0o077 == 0
+    assert main(["token", "create", "--role", "worker", "--output", str(path)]) == 0  # kept, not replaced
+    assert path.read_text().strip() == written
+    assert main(["token", "revoke", "1"]) == 0
+    capsys.readouterr()
+    assert main(["token", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "alice" in listing and "revoked" in listing and "active" in listing
+    assert token not in listing and written not in listing
+    assert main(["token", "revoke", "99"]) == 2 and "not found" in capsys.readouterr().err
