@@ -55,10 +55,11 @@ def _serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_level=args.log_level,
         factory=False,
-        # Idle keep-alive connections close after 5 s; headers over 64 KiB are refused; the body
-        # must arrive within 30 s (hpo.server.api.hostile). A reverse proxy in front adds a header
-        # read timeout (docs/security.md).
+        # Idle keep-alive connections close after 5 s; request headers must arrive within 10 s
+        # (hpo.server.http_protocol) and stay under 64 KiB; the body must arrive within 30 s
+        # (hpo.server.api.hostile).
         timeout_keep_alive=5,
+        http="hpo.server.http_protocol:HeaderDeadlineProtocol",
         h11_max_incomplete_event_size=64 * 1024,
         limit_concurrency=args.limit_concurrency,
         timeout_graceful_shutdown=30,

@@ -104,3 +104,39 @@ def test_token_commands_create_list_and_revoke(
     assert "alice" in listing and "revoked" in listing and "active" in listing
     assert token not in listing and written not in listing
     assert main(["token", "revoke", "99"]) == 2 and "not found" in capsys.readouterr().err
+
+
+def test_a_client_trickling_headers_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import threading
+
+    import uvicorn
+
+    from hpo.server import http_protocol
+    from hpo.server.app import create_app
+    from hpo.settings import Settings
+
+    monkeypatch.setattr(http_protocol, "HEADER_SECONDS", 1.0)
+    port = free_port()
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'hpo.db'}"))
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http=http_protocol.HeaderDeadlineProtocol, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+            for _ in range(3):  # whole requests on a kept-alive connection are unaffected
+                assert http.get("/healthz").status_code == 200
+                time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+            started = time.monotonic()
+            assert sock.recv(100) == b""  # closed by the server
+            assert 0.5 < time.monotonic() - started < 5
+    finally:
+        server.should_exit = True
+        thread.join(10)
