@@ -173,7 +173,9 @@ def test_dashboard_sign_in_session_csrf_and_sign_out(secured: tuple[LiveServer, 
         assert signed.status_code == 303 and signed.headers["location"] == "/"
         cookie = next(c for c in signed.headers.get_list("set-cookie") if c.startswith("hpo_session="))
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and tokens["write"] not in cookie
-        assert browser.get("/", headers=html).status_code == 200
+        page = browser.get("/", headers=html)
+        assert page.status_code == 200 and "/static/csrf.js" in page.text
+        assert "X-HPO-CSRF" in browser.get("/static/csrf.js").text
         # A write riding on the cookie alone (what a cross-site form would do) is refused.
         assert browser.post(f"{API}/studies", json=small_spec("c")).status_code == 403
         csrf = browser.cookies["hpo_csrf"]
