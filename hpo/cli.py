@@ -18,7 +18,14 @@ Start with `hpo demo` (a whole study on this machine in about a minute), then `h
 `hpo worker` and `hpo study create -f spec.json`. Docs: docs/ in the repository (cli.md, spec.md)."""
 
 # Each part's cli module exposes `register(subparsers)`; the modules themselves import only argparse.
-_PARTS = ("hpo.server.cli", "hpo.trainer.cli", "hpo.worker.cli", "hpo.study_cli", "hpo.trial_cli")
+_PARTS = (
+    "hpo.server.cli",
+    "hpo.server.token_cli",
+    "hpo.trainer.cli",
+    "hpo.worker.cli",
+    "hpo.study_cli",
+    "hpo.trial_cli",
+)
 
 
 class CliError(Exception):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,6 +79,26 @@ class ExecutionPolicy:
         env = os.environ if environ is None else environ
         globs = tuple(g.strip() for g in env.get(WORKLOADS_ENV, "").split(",") if g.strip())
         return cls(workload_globs=globs, command_prefixes=parse_command_prefixes(env.get(COMMANDS_ENV, "")))
+
+
+# Environment variables a study may not set for a command: each changes what code the allowed
+# program loads (the dynamic linker, interpreters' startup and search paths, shells' startup files)
+# or reaches hpo's and Ray's own settings, so allowing them would widen every allowed prefix.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_ENV_DENIED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "HPO_", "RAY_", "PERL", "RUBY", "NODE_", "JAVA_", "_JAVA", "GCONV")
+_ENV_DENIED = frozenset({"PATH", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "IFS", "HOME", "TMPDIR"})
+
+
+def env_refusal(env: object) -> str | None:
+    """None when `trainer.env` may be given to a command; otherwise why not."""
+    if not isinstance(env, Mapping):
+        return "must be an object of NAME: value strings"
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name) or not isinstance(value, str):
+            return f"{str(name)[:80]!r}: names must be letters, digits and _, values strings"
+        if name.upper() in _ENV_DENIED or name.upper().startswith(_ENV_DENIED_PREFIXES):
+            return f"{name} may not be set by a study (it changes what the allowed program loads)"
+    return None
 
 
 class PolicyError(ValueError):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from .policy import ExecutionPolicy, PolicyError
 
 
 class SettingsError(ValueError):
@@ -19,19 +21,30 @@ class Settings:
     api_token: str | None = None
     lease_seconds: float = 60.0
     max_body_bytes: int = 32 * 1024 * 1024
+    # Who may run code (hpo.policy): the server refuses studies naming anything outside it.
+    execution_policy: ExecutionPolicy = field(default_factory=ExecutionPolicy)
+    # Signs dashboard sessions and trial tokens; generated once into the database when unset.
+    session_secret: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Reads `HPO_DATABASE_URL`, `HPO_ARTIFACT_ROOT`, `HPO_API_TOKEN`, `HPO_LEASE_SECONDS`,
-        `HPO_MAX_BODY_BYTES`; fails fast with the variable's name on a bad value."""
+        `HPO_MAX_BODY_BYTES`, `HPO_ALLOWED_WORKLOADS`, `HPO_ALLOWED_COMMANDS`, `HPO_SESSION_SECRET`;
+        fails fast with the variable's name on a bad value."""
         env = os.environ if environ is None else environ
         defaults = cls()
+        try:
+            policy = ExecutionPolicy.from_env(env)
+        except PolicyError as exc:
+            raise SettingsError(str(exc)) from None
         settings = cls(
             database_url=env.get("HPO_DATABASE_URL", defaults.database_url),
             artifact_root=Path(env.get("HPO_ARTIFACT_ROOT", str(defaults.artifact_root))),
             api_token=env.get("HPO_API_TOKEN") or None,
             lease_seconds=_number(env, "HPO_LEASE_SECONDS", defaults.lease_seconds),
             max_body_bytes=int(_number(env, "HPO_MAX_BODY_BYTES", defaults.max_body_bytes)),
+            execution_policy=policy,
+            session_secret=env.get("HPO_SESSION_SECRET") or None,
         )
         settings.validate()
         return settings
@@ -45,6 +58,8 @@ class Settings:
             raise SettingsError(f"HPO_LEASE_SECONDS must be between 1 and 86400, got {self.lease_seconds}")
         if self.max_body_bytes < 1024:
             raise SettingsError(f"HPO_MAX_BODY_BYTES must be at least 1024, got {self.max_body_bytes}")
+        if self.session_secret is not None and len(self.session_secret) < 32:
+            raise SettingsError("HPO_SESSION_SECRET must be at least 32 characters (e.g. `openssl rand -hex 32`)")
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:

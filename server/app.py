@@ -13,8 +13,11 @@ from starlette.concurrency import run_in_threadpool
 from hpo.settings import Settings
 
 from . import leases
-from .api import analysis, dashboard, errors, health, studies, trials, workers
-from .api.middleware import BearerToken, BodyLimit
+from .api import analysis, dashboard, errors, health, openapi, signin, studies, trials, workers
+from .api.auth import Auth
+from .api.hostile import HostileInput
+from .api.middleware import BodyLimit
+from .auth import Authenticator
 from .db import Database
 
 _log = logging.getLogger("hpo.server")
@@ -38,12 +41,16 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
     app = FastAPI(title="hpo", version="0.1.0", lifespan=lifespan)
     app.state.db = db
     app.state.settings = settings
+    app.state.auth = authenticator = Authenticator(db, settings.api_token, settings.session_secret)
     errors.install(app)
-    for router in (health.router, studies.router, trials.router, workers.router, analysis.router, dashboard.router):
-        app.include_router(router)
+    openapi.install(app)
+    routers = (health, studies, trials, workers, analysis, dashboard, signin)
+    for module in routers:
+        app.include_router(module.router)
+    # Outermost last: the size limit, then credentials, then the hostile-input check of bodies.
+    app.add_middleware(HostileInput)
+    app.add_middleware(Auth, authenticator=authenticator)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    if settings.api_token:
-        app.add_middleware(BearerToken, token=settings.api_token)
     return app
 
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 from typing import Any
+
+# The master's pid, for the worker processes of `--workers N` (see hpo.server.asgi).
+MASTER_PID_VARIABLE = "HPO_SERVER_MASTER_PID"
 
 
 def register(subparsers: Any) -> None:
@@ -27,6 +32,18 @@ def register(subparsers: Any) -> None:
         choices=("critical", "error", "warning", "info", "debug"),
         help="uvicorn's log level (default info)",
     )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="listen on a non-loopback address even though no token exists (anyone who reaches it can run "
+        "trials on the workers; default: refuse)",
+    )
+    parser.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=2000,
+        help="connections and tasks at once before answering 503 (default 2000)",
+    )
     parser.set_defaults(handler=_serve)
 
 
@@ -41,7 +58,13 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         raise CliError(str(exc)) from None
     _check_port(args.host, args.port)
-    _upgrade_once(settings)
+    tokens = _upgrade_once(settings)
+    if not is_loopback(args.host) and not settings.api_token and tokens == 0 and not args.insecure:
+        raise CliError(
+            f"refusing to listen on {args.host} with no token configured: create one first "
+            "(hpo token create --role admin) or set HPO_API_TOKEN, or pass --insecure"
+        )
+    os.environ[MASTER_PID_VARIABLE] = str(os.getpid())
     uvicorn.run(
         "hpo.server.asgi:app",
         host=args.host,
@@ -49,6 +72,14 @@ def _serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_level=args.log_level,
         factory=False,
+        # Idle keep-alive connections close after 5 s; request headers must arrive within 10 s
+        # (hpo.server.http_protocol) and stay under 64 KiB; the body must arrive within 30 s
+        # (hpo.server.api.hostile).
+        timeout_keep_alive=5,
+        http="hpo.server.http_protocol:HeaderDeadlineProtocol",
+        h11_max_incomplete_event_size=64 * 1024,
+        limit_concurrency=args.limit_concurrency,
+        timeout_graceful_shutdown=30,
     )
     return 0
 
@@ -69,16 +100,28 @@ def _check_port(host: str, port: int) -> None:
             ) from None
 
 
-def _upgrade_once(settings: Any) -> None:
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _upgrade_once(settings: Any) -> int:
+    """Upgrades the schema once before the processes start; answers how many tokens exist."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from hpo.cli import CliError
+    from hpo.server.auth import token_count
     from hpo.server.db import Database
 
     try:
         db = Database(settings.database_url)
         try:
             db.upgrade()
+            return token_count(db)
         finally:
             db.dispose()
     except (OSError, SQLAlchemyError) as exc:

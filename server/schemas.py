@@ -7,13 +7,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .values import parse_number, to_json
+from .values import INTEGRAL, Integer, parse_number, to_json
 
 TrialStatusName = Literal["pending", "running", "completed", "infeasible", "failed", "cancelled"]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `true` is not a number and "7" is not an integer.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Public(BaseModel):
@@ -65,12 +66,22 @@ class StudyCreated(StudyPublic):
 
 class StudyPatch(_Request):
     status: Literal["active", "paused", "archived"] | None = None
-    num_trials: int | None = Field(default=None, ge=1)
+    num_trials: Annotated[int, Field(ge=1, le=100_000), INTEGRAL] | None = None
 
 
 class ManualTrialIn(_Request):
-    params: dict[str, Any]
-    seed: int | None = Field(default=None, ge=0, lt=2**31)
+    params: dict[str, Any] = Field(max_length=1000)
+
+    @field_validator("params")
+    @classmethod
+    def _scalar_values(cls, params: dict[str, Any]) -> dict[str, Any]:
+        # Hyperparameter values are scalars; nothing nested reaches the spec checks or the database.
+        for name, value in params.items():
+            too_long = len(name) > 200 or (isinstance(value, str) and len(value) > 10_000)
+            if too_long or not isinstance(value, (str, int, float)):
+                raise ValueError(f"{name[:200]!r} must be a string, a number or a boolean")
+        return params
+    seed: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
 
 
 class ManualTrialsIn(_Request):
@@ -99,8 +110,8 @@ class TrialPublic(_Public):
 class ClaimResources(_Request):
     """What the worker can place for one trial now."""
 
-    cpus: float = Field(default=1.0, ge=0)
-    gpus: float = Field(default=0.0, ge=0)
+    cpus: float = Field(default=1.0, ge=0, le=1_000_000)
+    gpus: float = Field(default=0.0, ge=0, le=100_000)
 
 
 class ClaimRequest(_Request):
@@ -120,6 +131,9 @@ class Claim(_Public):
     config: dict[str, Any]
     resume_from: dict[str, Any] | None
     artifact_path: str
+    # Set when the server needs tokens: lets the trial process post its own metrics and
+    # checkpoints (and nothing else), so it never holds the worker's token.
+    trial_token: str | None = None
 
 
 class LeaseRequest(_Request):
@@ -132,7 +146,7 @@ class HeartbeatAnswer(_Public):
 
 
 class MetricPointIn(_Request):
-    step: int = Field(ge=0, lt=2**31)
+    step: Integer = Field(ge=0, lt=2**31)
     name: str = Field(min_length=1, max_length=200)
     value: float
 
@@ -165,7 +179,7 @@ class MetricPointPublic(_Public):
 
 
 class CheckpointIn(LeaseRequest):
-    step: int = Field(ge=0, lt=2**31)
+    step: Integer = Field(ge=0, lt=2**31)
     uri: str = Field(min_length=1, max_length=4000)
     objective: float | None = None
     # Steps of this attempt whose files retention deleted: their records are removed.
@@ -189,15 +203,15 @@ class CheckpointPublic(_Public):
 class FailRequest(LeaseRequest):
     kind: Literal["infeasible", "error", "preempted", "config"]
     reason: str = Field(default="", max_length=20_000)
-    step: int | None = Field(default=None, ge=0)
+    step: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
 
 
 class ReplicasRequest(_Request):
-    count: int = Field(ge=1, le=100)
+    count: Integer = Field(ge=1, le=100)
 
 
 class StudyReplicasRequest(_Request):
     """Replicas of the best `per_arm` original trials of every arm, `count` of each."""
 
-    per_arm: int = Field(default=1, ge=1, le=10)
-    count: int = Field(ge=1, le=100)
+    per_arm: Integer = Field(default=1, ge=1, le=10)
+    count: Integer = Field(ge=1, le=100)

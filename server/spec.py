@@ -30,9 +30,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from . import guards
 from .errors import FieldError, InvalidInput
+from .values import INTEGRAL, Integer
 
 MAX_TRIALS_PER_STUDY = 100_000
+MAX_SPEC_DEPTH = 32
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-/]+")
 CROSSED_TYPES = ("categorical", "discrete")
 RANGE_TYPES = ("float", "int")
@@ -113,27 +116,28 @@ class Hyperparameter(_Strict):
 
 
 class TrainerSettings(BaseModel):
-    """Fixed training settings of the study; unknown keys pass through to the trainer.
+    """Fixed training settings of the study; other keys the trainer reads pass through to it
+    (hpo.server.guards.TRAINER_KEYS lists them; any other key is refused).
     `max_train_steps` is never a tuned hyperparameter (playbook, "Determining the number of steps
     for each training run")."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
     workload: str = Field(default="synthetic_mlp", min_length=1, max_length=200)
-    max_train_steps: int = Field(default=1000, ge=1, le=10**9)
-    eval_every_steps: int = Field(default=100, ge=1, le=10**9)
-    keep_best_checkpoints: int = Field(default=3, ge=1, le=1000)
+    max_train_steps: Integer = Field(default=1000, ge=1, le=10**9)
+    eval_every_steps: Integer = Field(default=100, ge=1, le=10**9)
+    keep_best_checkpoints: Integer = Field(default=3, ge=1, le=1000)
 
 
 class Resources(_Strict):
-    workers: int = Field(default=1, ge=1, le=4096)
+    workers: Integer = Field(default=1, ge=1, le=4096)
     cpus_per_worker: float = Field(default=1.0, gt=0, le=1024)
     gpus_per_worker: float = Field(default=0.0, ge=0, le=64)
 
 
 class ManualTrial(_Strict):
     params: dict[str, Any]
-    seed: int | None = Field(default=None, ge=0, lt=2**31)
+    seed: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
 
 
 class StudySpec(_Strict):
@@ -142,13 +146,13 @@ class StudySpec(_Strict):
     goal: str = Field(default="", max_length=100_000)
     objective: Objective = Field(default_factory=Objective)
     algorithm: Literal["halton", "random", "grid", "manual"] = "halton"
-    num_trials: int = Field(default=1, ge=1, le=MAX_TRIALS_PER_STUDY)
-    seed: int = Field(default=0, ge=0, lt=2**32)
+    num_trials: Integer = Field(default=1, ge=1, le=MAX_TRIALS_PER_STUDY)
+    seed: Integer = Field(default=0, ge=0, lt=2**32)
     hyperparameters: list[Hyperparameter] = Field(default_factory=list, max_length=1000)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     resources: Resources = Field(default_factory=Resources)
-    max_attempts: int = Field(default=3, ge=1, le=100)
-    max_failed_trials: int = Field(default=3, ge=1, le=100_000)
+    max_attempts: Integer = Field(default=3, ge=1, le=100)
+    max_failed_trials: Integer = Field(default=3, ge=1, le=100_000)
     trials: list[ManualTrial] | None = Field(default=None, max_length=MAX_TRIALS_PER_STUDY)
 
     def declarations(self, name: str) -> list[Hyperparameter]:
@@ -165,6 +169,8 @@ def parse_spec(raw: object) -> StudySpec:
     right. Pure: no I/O, the same input gives the same answer."""
     if not isinstance(raw, dict):
         raise InvalidInput.one("body", "must be a JSON object (the study spec)")
+    if guards.depth(raw, MAX_SPEC_DEPTH) > MAX_SPEC_DEPTH:
+        raise InvalidInput.one("body", f"nests deeper than {MAX_SPEC_DEPTH} levels")
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as exc:
@@ -372,6 +378,7 @@ def _condition_errors(spec: StudySpec, path: str, key: str, allowed: list[Any]) 
 
 
 def _trainer_errors(spec: StudySpec) -> Iterator[FieldError]:
+    yield from guards.trainer_errors(spec)
     declared = {hp.name for hp in spec.hyperparameters}
     for key in sorted((spec.trainer.model_extra or {}).keys() & declared):
         yield FieldError(f"trainer.{key}", f"is also declared as a hyperparameter; give {key!r} in one place")

@@ -13,7 +13,9 @@ from typing import Any
 from sqlalchemy import Select, func, insert, select
 from sqlalchemy.orm import Session
 
-from . import catalogue, layout
+from hpo.policy import ExecutionPolicy
+
+from . import catalogue, guards, layout
 from .db import Database
 from .errors import AlreadyExists, InvalidInput, NotFound
 from .models import Study, StudyStatus, Trial, TrialStatus
@@ -23,10 +25,14 @@ from .spec import StudySpec, parse_spec
 MAX_TRIALS_PER_STUDY = 100_000
 
 
-def create_study(db: Database, raw_spec: object) -> StudyCreated:
+def create_study(db: Database, raw_spec: object, policy: ExecutionPolicy | None = None) -> StudyCreated:
     """Validates the spec, stores the study and lays out its trials in one transaction, and
-    answers with the design checks as warnings (they never refuse the study)."""
+    answers with the design checks as warnings (they never refuse the study). `policy` is the
+    operator's allow-list (default: built-in workloads only); a study naming anything else is refused."""
     spec = parse_spec(raw_spec)
+    refused = guards.policy_errors(spec, policy or ExecutionPolicy())
+    if refused:
+        raise InvalidInput(refused)
     typos = catalogue.workload_errors(spec)
     if typos:
         raise InvalidInput(typos)
@@ -50,15 +56,35 @@ def get_study(db: Database, study_id: int) -> StudyPublic:
 
 
 def list_studies(db: Database, *, status: str | None = None, limit: int = 100, offset: int = 0) -> Page:
+    """A page of studies, newest first. Filtering and paging happen in SQL: only the page's rows
+    (and their specs) are loaded, however many studies there are."""
     with db.transaction() as session:
-        query: Select[Any] = select(Study)
-        if status is not None and status != "completed":
-            query = query.where(Study.status == StudyStatus(status))
-        studies = session.scalars(query.order_by(Study.id.desc())).all()
-        views = [_public(session, s) for s in studies]
-    if status is not None:
-        views = [v for v in views if v.status == status]
-    return Page(items=views[offset : offset + limit], total=len(views))
+        query: Select[Any] = select(Study.id)
+        if status is not None:
+            query = query.where(_status_condition(status))
+        total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+        page = session.scalars(
+            select(Study).where(Study.id.in_(query.order_by(Study.id.desc()).limit(limit).offset(offset)))
+        ).all()
+        views = [_public(session, s) for s in sorted(page, key=lambda s: -s.id)]
+    return Page(items=views, total=total)
+
+
+def _status_condition(status: str) -> Any:
+    """The effective status (`_effective_status`) as SQL: an active study whose trials have all
+    finished reads `completed`."""
+    has_trials = select(Trial.id).where(Trial.study_id == Study.id).exists()
+    unfinished = (
+        select(Trial.id)
+        .where(Trial.study_id == Study.id, Trial.status.in_([TrialStatus.pending, TrialStatus.running]))
+        .exists()
+    )
+    done = has_trials & ~unfinished
+    if status == "completed":
+        return (Study.status == StudyStatus.active) & done
+    if status == "active":
+        return (Study.status == StudyStatus.active) & ~done
+    return Study.status == StudyStatus(status)
 
 
 def patch_study(db: Database, study_id: int, patch: StudyPatch) -> StudyPublic:
@@ -82,6 +108,7 @@ def add_manual_trials(db: Database, study_id: int, trials: Sequence[ManualTrialI
         spec = parse_spec(study.spec)
         raw = [t.model_dump(exclude_none=True) for t in trials]
         drafts = layout.manual_drafts(spec, raw)
+        ensure_room(session, study.id, len(drafts), "trials")
         first = _next_number(session, study.id)
         return _insert_trials(session, study, drafts, first_number=first)
 
@@ -89,6 +116,16 @@ def add_manual_trials(db: Database, study_id: int, trials: Sequence[ManualTrialI
 def study_spec(db: Database, study_id: int) -> StudySpec:
     with db.transaction() as session:
         return parse_spec(_study_or_404(session, study_id).spec)
+
+
+def ensure_room(session: Session, study_id: int, adding: int, field: str) -> None:
+    """The cap of MAX_TRIALS_PER_STUDY holds on every path that adds trials (growth, manual
+    trials, replicas), counting what the study already has. Callers hold the study's row lock."""
+    have = session.scalar(select(func.count()).select_from(Trial).where(Trial.study_id == study_id)) or 0
+    if have + adding > MAX_TRIALS_PER_STUDY:
+        raise InvalidInput.one(
+            field, f"would bring the study to {have + adding} trials, over the limit of {MAX_TRIALS_PER_STUDY}"
+        )
 
 
 def _initial_drafts(spec: StudySpec) -> list[layout.TrialDraft]:
@@ -108,6 +145,7 @@ def _grow(session: Session, study: Study, num_trials: int) -> None:
     n_arms = len(layout.arms(spec))
     if num_trials * n_arms > MAX_TRIALS_PER_STUDY:
         raise InvalidInput.one("num_trials", f"{num_trials} x {n_arms} arms exceeds {MAX_TRIALS_PER_STUDY} trials")
+    ensure_room(session, study.id, (num_trials - study.num_trials) * n_arms, "num_trials")
     drafts = layout.layout_trials(spec, study.next_point_index, num_trials - study.num_trials)
     _insert_trials(session, study, drafts, first_number=_next_number(session, study.id))
     study.next_point_index = _next_point_index(drafts, study.next_point_index)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from . import layout
+from . import layout, studies
 from .db import Database
 from .errors import NotFound
 from .models import Checkpoint, MetricPoint, Study, Trial, TrialStatus
@@ -81,6 +81,7 @@ def create_replicas(db: Database, trial_id: int, count: int) -> list[int]:
         original = _trial_or_404(session, trial_id)
         source_id = original.replica_of or original.id
         study = session.get_one(Study, original.study_id, with_for_update=True)
+        studies.ensure_room(session, study.id, count, "count")
         existing = (
             session.scalar(
                 select(func.max(Trial.replica_index)).where((Trial.id == source_id) | (Trial.replica_of == source_id))

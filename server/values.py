@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 from .models import NonFinite
 
@@ -17,7 +20,13 @@ def parse_number(value: float | str) -> float:
             return _FROM_STRING[value]
         except KeyError:
             raise ValueError('must be a number or one of "NaN", "Infinity", "-Infinity"') from None
-    return float(value)
+    # bool is an int, and an object or a 400-digit integer must be a 422, not a TypeError's 500.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError('must be a number or one of "NaN", "Infinity", "-Infinity"')
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError("is too large for a double") from None
 
 
 def to_storage(value: float) -> tuple[float | None, int]:
@@ -46,3 +55,14 @@ def to_json(value: float | None) -> float | str | None:
     if math.isnan(value):
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
+
+
+def integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer field of a strict model: `7` and `7.0` (JSON Schema's integer, and what the trainer
+# accepts) but never `"7"` or `true`. Optional ones write `Annotated[int, Field(...), INTEGRAL] |
+# None`, so the bounds stay in the JSON schema.
+INTEGRAL = BeforeValidator(integral)
+Integer = Annotated[int, INTEGRAL]

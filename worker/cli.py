@@ -4,6 +4,7 @@ one of them runs (this module imports only the standard library)."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 
@@ -69,6 +70,29 @@ def _register_worker(subparsers: Any) -> None:
         choices=("critical", "error", "warning", "info", "debug"),
         help="log level (default info)",
     )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="read the worker's token from FILE (default $HPO_API_TOKEN); "
+        "a worker token: hpo token create --role worker",
+    )
+    parser.add_argument(
+        "--allow-workload",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="also run user workloads whose module matches GLOB (e.g. 'mylab.*'; repeatable; adds to "
+        "$HPO_ALLOWED_WORKLOADS). Built-in workloads always run; anything else fails as `config`",
+    )
+    parser.add_argument(
+        "--allow-command",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="also run trainer commands whose argv starts with PREFIX (shell-quoted, e.g. "
+        "'/opt/venv/bin/python /srv/train.py'; repeatable; adds to $HPO_ALLOWED_COMMANDS)",
+    )
     parser.set_defaults(handler=_run_worker)
 
 
@@ -112,6 +136,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         join_ray(args.ray_address, log_to_driver=options.log_to_driver)
     from .loop import Worker
 
+    _scrub_secrets()
     worker = Worker(options)
     status = worker.run()
     if worker.stopped_by_signal == signal.SIGINT:
@@ -122,26 +147,44 @@ def _run_worker(args: argparse.Namespace) -> int:
     return status
 
 
+# Read into the options above, then removed from this process's environment before Ray starts:
+# Ray's worker processes, and so every trial's code, inherit it (docs/security.md).
+SECRET_VARIABLES = ("HPO_API_TOKEN", "HPO_SESSION_SECRET", "HPO_DATABASE_URL")
+
+
+def _scrub_secrets() -> None:
+    for name in SECRET_VARIABLES:
+        os.environ.pop(name, None)
+
+
 def _worker_options(args: argparse.Namespace) -> Any:
     from pathlib import Path
 
     from hpo.cli import CliError
+    from hpo.policy import PolicyError
     from hpo.settings import Settings, SettingsError
 
     from .loop import WorkerOptions, default_worker_id
 
     try:
         settings = Settings.from_env()
-    except SettingsError as exc:
+        policy = settings.execution_policy.merged(args.allow_workload, args.allow_command)
+    except (SettingsError, PolicyError) as exc:
         raise CliError(str(exc)) from None
     for name in ("num_cpus", "num_gpus", "max_trials"):
         value = getattr(args, name)
         if value is not None and value < (1 if name == "max_trials" else 0):
             raise CliError(f"--{name.replace('_', '-')} must be >= {1 if name == 'max_trials' else 0}, got {value}")
+    token = settings.api_token
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip() or None
+        except OSError as exc:
+            raise CliError(f"--token-file: {exc}") from None
     return WorkerOptions(
         server_url=args.server,
         artifact_root=Path(args.artifact_root or settings.artifact_root),
-        token=settings.api_token,
+        token=token,
         ray_address=args.ray_address,
         num_cpus=args.num_cpus,
         num_gpus=args.num_gpus,
@@ -151,6 +194,7 @@ def _worker_options(args: argparse.Namespace) -> Any:
         exit_when_idle_seconds=args.exit_when_idle,
         warm_up=not args.no_warm_up,
         trainer=args.trainer,
+        policy=policy,
     )
 
 

@@ -13,6 +13,7 @@ harm."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,14 +75,34 @@ class ServerClient:
         self.token = token
         self.timeout = timeout
         self.backoff = backoff or Backoff()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, transport=transport)
+        self._transport = transport
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def _http(self) -> httpx.Client:
+        # Built on first use: an httpx.Client costs ~20 ms (its TLS context), paid once per
+        # process that talks, not for each job the driver builds.
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+                    self._client = httpx.Client(
+                        base_url=self.base_url, timeout=self.timeout, headers=headers, transport=self._transport
+                    )
+        return self._client
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ServerClient, (self.base_url, self.token, self.timeout, self.backoff))
 
+    def for_trial(self, trial_token: str | None) -> ServerClient:
+        """The client a trial process gets: the server's per-trial token (or none), never this
+        client's own token, which may claim trials and so must stay with the driver."""
+        return ServerClient(self.base_url, trial_token, self.timeout, self.backoff)
+
     def close(self) -> None:
-        self._http.close()
+        if self._client is not None:
+            self._client.close()
 
     # -- the protocol -------------------------------------------------------------------------
 

@@ -31,10 +31,12 @@ from typing import Any
 
 import ray
 
+from hpo.policy import ExecutionPolicy, env_refusal
+
 from .capacity import Capacity, Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
-from .runner import create_board, launch, outcome_of_exception
+from .runner import Outcome, create_board, launch, outcome_of_exception
 from .runs import STOP_LEASE_LOST, STOP_PREEMPTED, STOP_REQUESTED, JobSettings, Run, build_job
 
 _log = logging.getLogger("hpo.worker")
@@ -67,6 +69,8 @@ class WorkerOptions:
     log_to_driver: bool = True
     object_store_memory: int | None = None
     trainer: str = "hpo.trainer:train"
+    # What this worker's operator lets trials run besides the built-in workloads (hpo.policy).
+    policy: ExecutionPolicy = field(default_factory=ExecutionPolicy)
 
 
 @dataclass
@@ -221,12 +225,18 @@ class Worker:
         footprint = Footprint(job.processes, job.cpus_per_process, job.gpus_per_process)
         run = Run(claim=claim, job=job, footprint=footprint, execution=None, claimed_at=claimed_at)
         run.next_heartbeat = time.monotonic() + run.heartbeat_period
-        try:
-            run.execution = launch(job, self._pool)
-            self._capacity.commit(footprint)
-        except Exception as exc:  # Ray refused the task; the server retries it elsewhere
-            _log.exception("trial %d: could not start", job.trial_id)
-            run.outcome = outcome_of_exception(exc)
+        refusal = execution_refusal(job.config, self.options.policy)
+        if refusal is not None:
+            # Before any import or process start: the operator has not allowed this code here.
+            _log.warning("trial %d: refused: %s", job.trial_id, refusal)
+            run.outcome = Outcome("config", refusal)
+        else:
+            try:
+                run.execution = launch(job, self._pool)
+                self._capacity.commit(footprint)
+            except Exception as exc:  # Ray refused the task; the server retries it elsewhere
+                _log.exception("trial %d: could not start", job.trial_id)
+                run.outcome = outcome_of_exception(exc)
         self._runs[job.trial_id] = run
         self.stats.claimed += 1
         self.stats.max_running = max(self.stats.max_running, sum(r.outcome is None for r in self._runs.values()))
@@ -325,6 +335,28 @@ class Worker:
             ray.kill(self._jobs.board)  # a driver that stays connected (tests, the demo) would keep it
         if self._owns_ray:
             ray.shutdown()
+
+
+def execution_refusal(config: dict[str, Any], policy: ExecutionPolicy) -> str | None:
+    """Why this worker's policy refuses what the trial's config would run, or None. A command
+    (`trainer.command`, an argv list) is checked as a command, anything else as a workload."""
+    trainer = config.get("trainer") or {}
+    command = trainer.get("command")
+    if command is not None:
+        if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+            return "trainer.command must be a list of strings"
+        reason = policy.command_refusal(command)
+        if reason is not None:
+            return f"trainer.command: {reason}"
+    if trainer.get("env") is not None:
+        reason = env_refusal(trainer["env"])
+        if reason is not None:
+            return f"trainer.env: {reason}"
+    workload = trainer.get("workload", "synthetic_mlp")
+    if not isinstance(workload, str):
+        return "trainer.workload must be a string"
+    reason = policy.workload_refusal(workload)
+    return None if reason is None else f"trainer.workload: {reason}"
 
 
 @ray.remote(num_cpus=1, max_retries=0)

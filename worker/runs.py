@@ -61,7 +61,8 @@ def build_job(claim: dict[str, Any], settings: JobSettings) -> TrialJob:
         config=config,
         out_dir=str(attempt_dir(settings.artifact_root, trial_id, attempt)),
         artifact_root=str(settings.artifact_root.absolute()),
-        client=settings.client,
+        # Never the worker's own token: trial code runs in that process (docs/security.md).
+        client=settings.client.for_trial(claim.get("trial_token")),
         board=settings.board,
         processes=footprint.processes,
         cpus_per_process=footprint.cpus,

@@ -61,8 +61,16 @@ def tracking_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: _inert(v) for k, v in row.items()} for row in rows)
     return out.getvalue()
+
+
+def _inert(value: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula (OWASP "CSV Injection": leading = + - @,
+    tab or CR) gets a leading quote; numbers stay numbers."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 def _row(r: Any, best_trial_id: int | None, base_url: str) -> dict[str, Any]:

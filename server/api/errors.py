@@ -71,6 +71,17 @@ def invalid_response(errors: list[FieldError]) -> JSONResponse:
     return JSONResponse(status_code=422, content=body)
 
 
+def _allowed(request: Request) -> str:
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches({**request.scope, "method": "_"})
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(HpoError)
     async def _hpo_error(_request: Request, exc: HpoError) -> JSONResponse:
@@ -85,8 +96,22 @@ def install(app: FastAPI) -> None:
         return invalid_response(_validation_errors(exc, request))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route on the path only; a path served
+            # by several routes (GET and POST /studies) must list them all.
+            return JSONResponse(status_code=405, content={"detail": exc.detail}, headers={"Allow": _allowed(request)})
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # FastAPI's answer when json.loads itself fails other than by syntax: nesting deeper
+            # than the parser recurses (RecursionError), or bytes that are not text.
+            return invalid_response([FieldError("body", "cannot be parsed: nested too deeply, or not UTF-8 text")])
         return JSONResponse(status_code=exc.status_code, content={"detail": exc.detail}, headers=exc.headers)
+
+    @app.exception_handler(RecursionError)
+    async def _too_deep(_request: Request, exc: RecursionError) -> JSONResponse:
+        # json.loads and pydantic recurse per nesting level; a body nested thousands deep is
+        # the client's error, refused before anything is stored.
+        return invalid_response([FieldError("body", "is nested too deeply")])
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

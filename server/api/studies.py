@@ -8,14 +8,14 @@ from fastapi import APIRouter, Body, Query, status
 
 from .. import studies, trials
 from ..schemas import ManualTrialsIn, Page, StudyCreated, StudyPatch, StudyPublic
-from .deps import DatabaseDep, StudyId
+from .deps import DatabaseDep, SettingsDep, StudyId
 
 router = APIRouter(prefix="/api/v1/studies", tags=["studies"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyCreated)
-def create_study(db: DatabaseDep, spec: Any = Body(...)) -> StudyCreated:
-    return studies.create_study(db, spec)
+def create_study(db: DatabaseDep, settings: SettingsDep, spec: Any = Body(...)) -> StudyCreated:
+    return studies.create_study(db, spec, settings.execution_policy)
 
 
 @router.get("", response_model=Page)
@@ -23,7 +23,7 @@ def list_studies(
     db: DatabaseDep,
     status: Literal["active", "paused", "archived", "completed"] | None = None,
     limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**31 - 1),
 ) -> Page:
     return studies.list_studies(db, status=status, limit=limit, offset=offset)
 
@@ -50,6 +50,6 @@ def list_trials(
     status: Literal["pending", "running", "completed", "infeasible", "failed", "cancelled"] | None = None,
     order_by: Literal["number", "-number", "objective"] = "number",
     limit: int = Query(100, ge=1, le=10_000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**31 - 1),
 ) -> Page:
     return trials.list_trials(db, study_id, status=status, order_by=order_by, limit=limit, offset=offset)

@@ -22,7 +22,7 @@ def get_metrics(
     trial_id: TrialId,
     name: str | None = Query(None, max_length=200),
     limit: int = Query(10_000, ge=1, le=100_000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**31 - 1),
 ) -> Page:
     return trials.list_metrics(db, trial_id, name=name, limit=limit, offset=offset)
 

@@ -25,11 +25,15 @@ _METRICS_SCHEMA = MetricsIn.model_json_schema()  # self-contained: its $defs tra
 
 
 @router.post("/workers/claim", response_model=Claim, responses={204: {"description": "no trial fits"}})
-def claim(db: DatabaseDep, settings: SettingsDep, body: ClaimRequest) -> Response:
+def claim(request: Request, db: DatabaseDep, settings: SettingsDep, body: ClaimRequest) -> Response:
     offered = body.resources
     answer = leases.claim(db, body.worker_id, offered.cpus, offered.gpus, settings.lease_seconds)
     if answer is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
+    auth = request.app.state.auth
+    if auth.enabled():
+        # What the trial process carries instead of the worker's token (hpo.server.auth).
+        answer = answer.model_copy(update={"trial_token": auth.trial_token(answer.trial_id, answer.lease_id)})
     # Already a validated Claim: serialized directly, without FastAPI validating it a second time.
     return Response(answer.model_dump_json(), media_type="application/json")
 

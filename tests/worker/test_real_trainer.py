@@ -16,12 +16,14 @@ from typing import Any
 import httpx
 import pytest
 
+from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
 from hpo.worker.loop import Worker, WorkerOptions
 from tests.conftest import LiveServer
 from tests.worker.conftest import API, REPO, create_study, metric_steps, study_done, trials
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+TESTS_ALLOWED = ExecutionPolicy(workload_globs=("tests.*",))
 
 DEMO = json.loads((REPO / "examples" / "demo-study.json").read_text())
 DDP = json.loads((REPO / "examples" / "ddp-cpu.json").read_text())
@@ -38,13 +40,20 @@ def small(spec: dict[str, Any], name: str, num_trials: int = 1, **trainer: Any) 
 
 @pytest.fixture
 def env(ray_address: str, database_url: str, tmp_path: Path) -> Any:
-    settings = Settings(database_url=database_url, artifact_root=tmp_path / "artifacts", lease_seconds=30)
+    settings = Settings(
+        database_url=database_url,
+        artifact_root=tmp_path / "artifacts",
+        lease_seconds=30,
+        execution_policy=TESTS_ALLOWED,
+    )
     with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
         yield server, http, settings
 
 
 def run(server: LiveServer, settings: Settings, until: Any) -> Worker:
-    options = WorkerOptions(server_url=server.url, artifact_root=settings.artifact_root, idle_poll_seconds=0.2)
+    options = WorkerOptions(
+        server_url=server.url, artifact_root=settings.artifact_root, idle_poll_seconds=0.2, policy=TESTS_ALLOWED
+    )
     worker = Worker(options)
     worker.run(until=until)
     return worker
@@ -88,7 +97,8 @@ def test_diverging_trial_is_infeasible_and_unknown_workload_is_a_config_failure(
     diverging["hyperparameters"] = [*kept, {"name": "learning_rate", "role": "fixed", "value": 1e6}]
     diverging["hyperparameters"][0]["values"] = ["nesterov"]
     diverging_study = create_study(http, diverging)
-    broken_study = create_study(http, small(DEMO, "broken", workload="no_such_workload"))
+    # Allowed on server and worker, but no such module: the trainer's import fails as `config`.
+    broken_study = create_study(http, small(DEMO, "broken", workload="tests.no_such_module:Missing"))
     run(server, settings, lambda: all(study_done(http, s["id"])() for s in (diverging_study, broken_study)))
     for trial in trials(http, diverging_study["id"]):
         assert (trial["status"], trial["fail_kind"], trial["attempt"]) == ("infeasible", "infeasible", 1), trial

@@ -1,0 +1,130 @@
+"""The credentials check: an ASGI middleware that maps each request to the permission it needs and
+asks `hpo.server.auth` whether the caller holds it (docs/security.md has the table).
+
+Until a token exists (and `HPO_API_TOKEN` is unset) every call is open, as on a laptop. From then on
+every call but the health checks and the sign-in page needs a bearer token or a dashboard session:
+401 without credentials (a browser asking for a page is sent to /signin instead), 403 when the
+role may not. Writes authenticated by the session cookie must also echo the page's CSRF token
+(header `X-HPO-CSRF`), on top of the cookie's SameSite=Strict."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import quote
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import cookie_parser
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..auth import Authenticator, Principal
+
+SESSION_COOKIE = "hpo_session"
+CSRF_COOKIE = "hpo_csrf"
+CSRF_HEADER = "x-hpo-csrf"
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/signin", "/signout"})
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_CLAIM = "/api/v1/workers/claim"
+_LEASED_WRITE = re.compile(r"/api/v1/trials/(\d{1,10})/(heartbeat|metrics|checkpoints|complete|fail)")
+# What a trial process may post with its trial token (worker/reporter.py).
+_TRIAL_WRITES = frozenset({"metrics", "checkpoints"})
+
+
+def required_permission(method: str, path: str) -> str | None:
+    """`read`, `write` or `worker` for a request; None for the open paths."""
+    if path in OPEN_PATHS or path.startswith("/static/"):
+        return None
+    if method in _SAFE_METHODS:
+        return "read"
+    if method == "POST" and (path == _CLAIM or _LEASED_WRITE.fullmatch(path)):
+        return "worker"
+    return "write"
+
+
+def allows(principal: Principal, method: str, path: str, permission: str) -> bool:
+    if principal.may(permission):
+        return True
+    if principal.role == "trial" and method == "POST":
+        match = _LEASED_WRITE.fullmatch(path)
+        return bool(match and match[2] in _TRIAL_WRITES and int(match[1]) == principal.trial_id)
+    return False
+
+
+class Auth:
+    """Pure ASGI (no request object is built for the common, cached case)."""
+
+    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+        self.app, self.auth = app, authenticator
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        permission = required_permission(method, path)
+        if permission is None or not await self._enabled():
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        principal, via_cookie = await self._principal(headers)
+        if principal is None:
+            await self._unauthenticated(scope, headers, send)
+            return
+        if not allows(principal, method, path, permission):
+            await _reply(send, 403, f"the {principal.role} role may not {method} {path}")
+            return
+        if via_cookie and method not in _SAFE_METHODS and not self._csrf_ok(principal, headers):
+            await _reply(send, 403, f"a write from a signed-in page needs its CSRF token ({CSRF_HEADER} header)")
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+    async def _enabled(self) -> bool:
+        if self.auth.enabled_is_cached():
+            return self.auth.enabled()
+        return await run_in_threadpool(self.auth.enabled)
+
+    async def _principal(self, headers: dict[str, str]) -> tuple[Principal | None, bool]:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            token = token.strip()
+            hit, principal = self.auth.cached(token)
+            if not hit:
+                principal = await run_in_threadpool(self.auth.principal, token)
+            return principal, False
+        cookie = cookie_parser(headers.get("cookie", "")).get(SESSION_COOKIE)
+        if cookie:
+            return await run_in_threadpool(self.auth.session_principal, cookie), True
+        return None, False
+
+    def _csrf_ok(self, principal: Principal, headers: dict[str, str]) -> bool:
+        given = headers.get(CSRF_HEADER, "")
+        return bool(principal.token_hash) and given == self.auth.csrf_token(principal.token_hash or "")
+
+    async def _unauthenticated(self, scope: Scope, headers: dict[str, str], send: Send) -> None:
+        path = scope["path"]
+        if scope["method"] == "GET" and not path.startswith("/api/") and "text/html" in headers.get("accept", ""):
+            query = scope.get("query_string", b"").decode("latin-1")
+            target = path + (f"?{query}" if query else "")
+            location = f"/signin?next={quote(target, safe='')}"
+            await send({"type": "http.response.start", "status": 303, "headers": [(b"location", location.encode())]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await _reply(
+            send,
+            401,
+            "this server needs a token: Authorization: Bearer <token> (hpo token create)",
+            [(b"www-authenticate", b'Bearer realm="hpo"')],
+        )
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+async def _reply(send: Send, status: int, detail: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
