@@ -14,12 +14,15 @@ from typing import Any
 import httpx
 import pytest
 
+from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 API = "/api/v1"
 FAKE_TRAINER = "tests.worker.fake_trainer:train"
 FAKE_WORKLOAD = "tests.worker.fake_trainer:Workload"  # a user workload: names the server cannot check
+# The operator's allow-list of these tests, on the server and on the workers (docs/security.md).
+TESTS_ALLOWED = ExecutionPolicy(workload_globs=("tests.*",))
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +39,12 @@ def ray_address() -> Iterator[str]:
 @pytest.fixture
 def fast_settings(database_url: str, tmp_path: Path) -> Settings:
     """Short leases, so heartbeats, expiry and the reaper happen within a test."""
-    return Settings(database_url=database_url, artifact_root=tmp_path / "artifacts", lease_seconds=4)
+    return Settings(
+        database_url=database_url,
+        artifact_root=tmp_path / "artifacts",
+        lease_seconds=4,
+        execution_policy=TESTS_ALLOWED,
+    )
 
 
 def worker_spec(name: str = "worker-test", **overrides: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from tests.worker.conftest import (
     API,
     FAKE_WORKLOAD,
     REPO,
+    TESTS_ALLOWED,
     create_study,
     metric_steps,
     study_done,
@@ -41,7 +42,10 @@ COMPARED = ("train/loss", "valid/error_rate", "valid/loss", "train/grad_norm", "
 @pytest.fixture
 def server(ray_address: str, tmp_path: Path) -> Iterator[tuple[LiveServer, httpx.Client, Settings]]:
     settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'hpo.db'}", artifact_root=tmp_path / "artifacts", lease_seconds=3
+        database_url=f"sqlite:///{tmp_path / 'hpo.db'}",
+        artifact_root=tmp_path / "artifacts",
+        lease_seconds=3,
+        execution_policy=TESTS_ALLOWED,
     )
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as http:
         yield live, http, settings
@@ -105,7 +109,7 @@ def start_worker(url: str, ray_address: str, settings: Settings, trainer: str) -
         "--log-level",
         "warning",
     ]
-    env = {**os.environ, "HPO_ARTIFACT_ROOT": str(settings.artifact_root)}
+    env = {**os.environ, "HPO_ARTIFACT_ROOT": str(settings.artifact_root), "HPO_ALLOWED_WORKLOADS": "tests.*"}
     return subprocess.Popen(command, cwd=REPO, env=env)
 
 
@@ -117,6 +121,7 @@ def run_to_the_end(url: str, settings: Settings, http: httpx.Client, study_id: i
         trainer=trainer,
         idle_poll_seconds=0.2,
         exit_when_idle_seconds=60,
+        policy=TESTS_ALLOWED,
     )
     Worker(options).run(until=study_done(http, study_id))
 

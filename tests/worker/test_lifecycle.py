@@ -21,6 +21,7 @@ from tests.conftest import LiveServer
 from tests.worker.conftest import (
     API,
     FAKE_TRAINER,
+    TESTS_ALLOWED,
     create_study,
     fixed,
     in_background,
@@ -43,6 +44,7 @@ def run_worker(url: str, root: Path, until: Any, **options: Any) -> Worker:
             idle_poll_seconds=0.2,
             exit_when_idle_seconds=options.pop("exit_when_idle_seconds", 60),
             flush_seconds=0.2,
+            policy=TESTS_ALLOWED,
             **options,
         )
     )
@@ -137,7 +139,12 @@ def test_cancelled_trials_stop_promptly(env: Any) -> None:
 
 
 def test_server_outage_keeps_training_and_loses_no_point(ray_address: str, database_url: str, tmp_path: Path) -> None:
-    settings = Settings(database_url=database_url, artifact_root=tmp_path / "artifacts", lease_seconds=15)
+    settings = Settings(
+        database_url=database_url,
+        artifact_root=tmp_path / "artifacts",
+        lease_seconds=15,
+        execution_policy=TESTS_ALLOWED,
+    )
     first = EmbeddedServer(settings, 0).__enter__()
     http = httpx.Client(base_url=first.url, timeout=30)
     study = create_study(http, fixed(worker_spec(num_trials=1), step_seconds=0.1))

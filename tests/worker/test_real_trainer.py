@@ -16,14 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
 from hpo.worker.loop import Worker, WorkerOptions
 from tests.conftest import LiveServer
-from tests.worker.conftest import API, REPO, create_study, metric_steps, study_done, trials
+from tests.worker.conftest import API, REPO, TESTS_ALLOWED, create_study, metric_steps, study_done, trials
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-TESTS_ALLOWED = ExecutionPolicy(workload_globs=("tests.*",))
 
 DEMO = json.loads((REPO / "examples" / "demo-study.json").read_text())
 DDP = json.loads((REPO / "examples" / "ddp-cpu.json").read_text())
