@@ -55,6 +55,26 @@ def _register_worker(subparsers: Any) -> None:
         metavar="MODULE:FUNCTION",
         help="training function with hpo.trainer's contract, importable on every node",
     )
+    parser.add_argument(
+        "--allow-command",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="allow trainer.command trials whose argv starts with this shell-quoted prefix, e.g. 'python train.py' "
+        "(repeatable; added to $HPO_ALLOWED_COMMANDS)",
+    )
+    parser.add_argument(
+        "--workdir-root",
+        default=os.environ.get("HPO_WORKDIR_ROOT"),
+        help="folder that trainer.workdir is relative to; commands run there (default $HPO_WORKDIR_ROOT or the "
+        "current directory)",
+    )
+    parser.add_argument(
+        "--stop-grace-seconds",
+        type=float,
+        default=30.0,
+        help="how long a stopped trainer.command gets to checkpoint and exit before SIGKILL (default 30)",
+    )
     parser.add_argument("--no-warm-up", action="store_true", help="do not pre-start Ray worker processes")
     parser.add_argument("--log-level", default="info")
     parser.set_defaults(handler=_run_worker)
@@ -89,6 +109,7 @@ def _worker_options(args: argparse.Namespace) -> Any:
     from pathlib import Path
 
     from hpo.cli import CliError
+    from hpo.policy import PolicyError, parse_command_prefix
     from hpo.settings import Settings, SettingsError
 
     from .loop import WorkerOptions, default_worker_id
@@ -101,6 +122,13 @@ def _worker_options(args: argparse.Namespace) -> Any:
         value = getattr(args, name)
         if value is not None and value < (1 if name == "max_trials" else 0):
             raise CliError(f"--{name.replace('_', '-')} must be >= {1 if name == 'max_trials' else 0}, got {value}")
+    try:
+        for prefix in args.allow_command:
+            parse_command_prefix(prefix)
+    except PolicyError as exc:
+        raise CliError(f"--allow-command: {exc}") from None
+    if args.workdir_root and not Path(args.workdir_root).is_dir():
+        raise CliError(f"--workdir-root {args.workdir_root} is not a directory")
     return WorkerOptions(
         server_url=args.server,
         artifact_root=Path(args.artifact_root or settings.artifact_root),
@@ -114,6 +142,9 @@ def _worker_options(args: argparse.Namespace) -> Any:
         exit_when_idle_seconds=args.exit_when_idle,
         warm_up=not args.no_warm_up,
         trainer=args.trainer,
+        allow_commands=tuple(args.allow_command),
+        workdir_root=Path(args.workdir_root) if args.workdir_root else None,
+        stop_grace_seconds=args.stop_grace_seconds,
     )
 
 

@@ -31,11 +31,23 @@ from typing import Any
 
 import ray
 
+from hpo.policy import ExecutionPolicy
+
 from .capacity import Capacity, Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
+from .command import DEFAULT_STOP_GRACE_SECONDS
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
-from .runner import create_board, launch, outcome_of_exception
-from .runs import STOP_LEASE_LOST, STOP_PREEMPTED, STOP_REQUESTED, JobSettings, Run, build_job
+from .runner import Outcome, create_board, launch, outcome_of_exception
+from .runs import (
+    STOP_LEASE_LOST,
+    STOP_PREEMPTED,
+    STOP_REQUESTED,
+    CommandRefused,
+    JobSettings,
+    Run,
+    build_job,
+    prepare_command,
+)
 
 _log = logging.getLogger("hpo.worker")
 
@@ -67,6 +79,12 @@ class WorkerOptions:
     log_to_driver: bool = True
     object_store_memory: int | None = None
     trainer: str = "hpo.trainer:train"
+    # `trainer.command` trials (docs/scripts.md): argv prefixes allowed besides HPO_ALLOWED_COMMANDS
+    # (shell-quoted, as `--allow-command`), the root their `trainer.workdir` is relative to (default:
+    # the current directory), and how long a stopped command gets before SIGKILL.
+    allow_commands: tuple[str, ...] = ()
+    workdir_root: Path | None = None
+    stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
 
 
 @dataclass
@@ -99,6 +117,8 @@ class Worker:
         self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="hpo-ddp")
         self._capacity = Capacity(exclusive=True)
         self._jobs: JobSettings | None = None
+        self._policy = ExecutionPolicy.from_env().merged(command_prefixes=options.allow_commands)
+        self._workdir_root = (options.workdir_root or Path.cwd()).absolute()
 
     # -- public -------------------------------------------------------------------------------
 
@@ -221,8 +241,14 @@ class Worker:
         run = Run(claim=claim, job=job, footprint=footprint, execution=None, claimed_at=claimed_at)
         run.next_heartbeat = time.monotonic() + run.heartbeat_period
         try:
-            run.execution = launch(job, self._pool)
-            self._capacity.commit(footprint)
+            run.job = job = prepare_command(job, self._policy, self._workdir_root)
+        except CommandRefused as exc:
+            _log.warning("trial %d: refused: %s", job.trial_id, exc)
+            run.outcome = Outcome("config", str(exc))
+        try:
+            if run.outcome is None:
+                run.execution = launch(job, self._pool)
+                self._capacity.commit(footprint)
         except Exception as exc:  # Ray refused the task; the server retries it elsewhere
             _log.exception("trial %d: could not start", job.trial_id)
             run.outcome = outcome_of_exception(exc)
@@ -292,6 +318,7 @@ class Worker:
             opts.flush_points,
             opts.flush_seconds,
             opts.trainer,
+            opts.stop_grace_seconds,
         )
         # Ray Train's driver side, loaded here rather than inside the first DDP trial's start.
         importlib.import_module("ray.train.torch")

@@ -3,15 +3,19 @@ protocol call (DESIGN.md, "Trial lifecycle": `complete`, or `fail` with a kind).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpo.policy import ExecutionPolicy
+
 from .artifacts import ArtifactPathError, attempt_dir, fallback_checkpoint, relative_attempt_path, resolve_checkpoint
 from .capacity import Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
+from .command import DEFAULT_STOP_GRACE_SECONDS, is_command, resolve_workdir
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import Execution, Outcome, TrialJob
 
@@ -33,6 +37,7 @@ class JobSettings:
     flush_points: int = FLUSH_POINTS
     flush_seconds: float = FLUSH_SECONDS
     trainer: str = "hpo.trainer:train"
+    stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
 
 
 def build_job(claim: dict[str, Any], settings: JobSettings) -> TrialJob:
@@ -69,7 +74,32 @@ def build_job(claim: dict[str, Any], settings: JobSettings) -> TrialJob:
         flush_points=settings.flush_points,
         flush_seconds=settings.flush_seconds,
         trainer=settings.trainer,
+        stop_grace_seconds=settings.stop_grace_seconds,
     )
+
+
+class CommandRefused(ValueError):
+    """A `trainer.command` this worker will not run (its allow-list, its workdir root)."""
+
+
+def prepare_command(job: TrialJob, policy: ExecutionPolicy, workdir_root: Path) -> TrialJob:
+    """For a command trial: checks the operator's allow-list before anything starts and resolves
+    the working directory under `workdir_root`; raises `CommandRefused` with the reason (the trial
+    then fails as `config`, never retried). Other trials pass unchanged."""
+    if not is_command(job.config):
+        return job
+    trainer = job.config["trainer"]
+    command = trainer["command"]
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+        raise CommandRefused("trainer.command must be a list of strings")
+    refusal = policy.command_refusal(command)
+    if refusal is not None:
+        raise CommandRefused(refusal)
+    try:
+        cwd = resolve_workdir(workdir_root, trainer.get("workdir"))
+    except ValueError as exc:
+        raise CommandRefused(str(exc)) from None
+    return dataclasses.replace(job, command_cwd=str(cwd))
 
 
 def _resume_path(claim: dict[str, Any], root: Path, trial_id: int) -> Path | None:
