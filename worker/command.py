@@ -38,6 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hpo.trainer.config import Objective
+from hpo.trainer.retention import kept_steps
+
 from .reporter import MetricsTail
 
 _log = logging.getLogger("hpo.worker.command")
@@ -285,16 +288,18 @@ class CommandRun:
                 self.sink.metrics(step, {name: value})
 
     def _prune(self) -> None:
-        """The trainer's retention: the `keep_best` best checkpoints by the objective and the newest."""
-        from hpo.trainer.checkpoints import kept_steps
-        from hpo.trainer.config import Objective
-
+        """The trainer's retention: the `keep_best` best checkpoints by the objective and the newest;
+        and the newest one the server recorded, which a later attempt would resume from (during a
+        server outage the script goes on checkpointing, and none of the newer ones is recorded)."""
         present = list_checkpoints(self.ckpt_dir)
         keep = kept_steps(
             {step: self.objectives.get(step) for step in present},
             self.keep_best,
             Objective(self.objective_metric, self.objective_mode),
         )
+        recorded = getattr(self.sink, "newest_recorded", None)
+        if recorded is not None:
+            keep.add(recorded)
         for step, path in present.items():
             if step not in keep:
                 if path.is_dir():

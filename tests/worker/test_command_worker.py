@@ -170,3 +170,65 @@ def test_a_sigkilled_worker_s_script_trial_resumes_elsewhere_like_its_uninterrup
     assert http.get(f"{API}/trials/{victim}").json()["attempt"] == 2
     assert first_step_of(settings, victim, 2) > 1, "attempt 2 resumed from a checkpoint"
     assert_same_as_twin(http, victim, twin, 120)
+
+
+def test_a_lost_lease_sends_sigterm_then_sigkill_and_the_trial_resumes(ray_address: str, tmp_path: Path) -> None:
+    """The server is down longer than the lease and the lease is reaped meanwhile: the worker's next
+    heartbeat gets 409, and the script (which ignores SIGTERM) is killed after the grace period; the
+    same trial's next attempt resumes from its checkpoint and completes without a gap."""
+    from hpo.server.db import Database
+    from hpo.server.leases import reap_expired
+    from hpo.worker.demo import EmbeddedServer
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'hpo.db'}", artifact_root=tmp_path / "artifacts", lease_seconds=3
+    )
+    servers = [EmbeddedServer(settings, 0).__enter__()]
+    http = httpx.Client(base_url=servers[0].url, timeout=30)
+    study = create_study(http, command_study({"mode": "stubborn", "step_seconds": 0.05}, steps=200))
+    (trial,) = trials(http, study["id"])
+    log = settings.artifact_root / "trials" / str(trial["id"]) / "attempt-1" / "metrics.jsonl"
+    killed_at: list[int] = []
+
+    def lose_the_lease() -> None:
+        wait_until(lambda: log.exists() and log.stat().st_size > 2000, 60, "the script to checkpoint")
+        servers[0].__exit__()
+        time.sleep(3.5)
+        database = Database(settings.database_url)
+        assert reap_expired(database) == 1
+        database.dispose()
+        servers.append(EmbeddedServer(settings, servers[0].port).__enter__())
+        wait_until(lambda: _stopped_growing(log), 30, "the attempt-1 script to die")
+        killed_at.append(len(log.read_text().splitlines()))
+
+    import threading
+
+    thief = threading.Thread(target=lose_the_lease, daemon=True)
+    thief.start()
+    try:
+        run_worker(servers[0].url, settings, _reachable_and(study_done(http, study["id"])), stop_grace_seconds=1.0)
+        thief.join(30)
+        assert killed_at, "the attempt-1 script was stopped"
+        final = http.get(f"{API}/trials/{trial['id']}").json()
+        assert (final["status"], final["attempt"]) == ("completed", 2)
+        assert [s for s, _ in metric_steps(http, trial["id"], "train/loss")] == list(range(1, 201))
+        assert first_step_of(settings, trial["id"], 2) > 1, "attempt 2 resumed from attempt 1's checkpoint"
+    finally:
+        http.close()
+        servers[-1].__exit__()
+
+
+def _stopped_growing(path: Path) -> bool:
+    size = path.stat().st_size
+    time.sleep(1.5)
+    return path.stat().st_size == size
+
+
+def _reachable_and(done: Any) -> Any:
+    def check() -> bool:
+        try:
+            return bool(done())
+        except httpx.TransportError:
+            return False
+
+    return check
