@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -209,7 +210,7 @@ class CommandRun:
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_child_setup, node_niceness()),
             )
         self.last_activity = time.monotonic()
 
@@ -375,10 +376,28 @@ def describe_exit(returncode: int) -> str:
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the process that started it dies (Linux only)."""
+def node_niceness() -> int | None:
+    """The scheduling priority of this node's raylet. Ray runs its worker processes at niceness 15
+    so that its control plane stays responsive; a user's script should run as it would by hand, so
+    on a busy node it gets the CPU share of the raylet's priority (on a loaded 2-core machine, a
+    script at niceness 15 ran at half its speed by hand). None outside Ray."""
+    raylet = os.environ.get("RAY_RAYLET_PID")
+    if not raylet:
+        return None
+    try:
+        return os.getpriority(os.PRIO_PROCESS, int(raylet))
+    except (OSError, ValueError):
+        return None
+
+
+def _child_setup(niceness: int | None) -> None:
+    """In the child before exec: SIGKILL when the process that started it dies (Linux), and the
+    node's niceness where the worker may set it (raising a priority needs the right to)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    if niceness is not None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
