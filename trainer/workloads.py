@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from .char_lm import CharLM
 from .errors import ConfigError
 
 
@@ -323,7 +324,11 @@ def _digits(valid_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tenso
 
 # -- registry ----------------------------------------------------------------------------------------
 
-WORKLOADS: dict[str, Callable[..., Workload]] = {"synthetic_mlp": SyntheticMLP, "digits": Digits}  # type: ignore[dict-item]
+WORKLOADS: dict[str, Callable[..., Workload]] = {  # type: ignore[dict-item]
+    "synthetic_mlp": SyntheticMLP,
+    "digits": Digits,
+    "char_lm": CharLM,
+}
 
 
 def register_workload(name: str, factory: Callable[..., Workload]) -> None:
