@@ -324,10 +324,10 @@ def _digits(valid_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tenso
 
 # -- registry ----------------------------------------------------------------------------------------
 
-WORKLOADS: dict[str, Callable[..., Workload]] = {  # type: ignore[dict-item]
-    "synthetic_mlp": SyntheticMLP,
-    "digits": Digits,
-    "char_lm": CharLM,
+WORKLOADS: dict[str, Callable[..., Workload]] = {
+    "synthetic_mlp": SyntheticMLP,  # type: ignore[dict-item]
+    "digits": Digits,  # type: ignore[dict-item]
+    "char_lm": CharLM,  # type: ignore[dict-item]
 }
 
 
