@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # The names `trainer.workload` may take without any allow-list (hpo.trainer.workloads.WORKLOADS).
-BUILTIN_WORKLOADS: frozenset[str] = frozenset({"synthetic_mlp", "digits"})
+BUILTIN_WORKLOADS: frozenset[str] = frozenset({"synthetic_mlp", "digits", "char_lm"})
 
 WORKLOADS_ENV = "HPO_ALLOWED_WORKLOADS"
 COMMANDS_ENV = "HPO_ALLOWED_COMMANDS"

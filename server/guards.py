@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # (it would name an arbitrary file for torch to load).
 _WORKER_ONLY = frozenset({"resume_from"})
 # A user program instead of a workload (DESIGN.md, "A trainer is a command or a workload").
-COMMAND_KEYS = ("command", "workdir", "env")
+COMMAND_KEYS = ("command", "workdir", "env", "silence_timeout_seconds")
 TRAINER_KEYS: frozenset[str] = (
     (frozenset(_RunSettings.__dataclass_fields__) - _WORKER_ONLY)
     | frozenset(TRAINING_HYPERPARAMETERS)

@@ -26,9 +26,10 @@ import math
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from . import guards
 from .errors import FieldError, InvalidInput
@@ -127,6 +128,23 @@ class TrainerSettings(BaseModel):
     max_train_steps: Integer = Field(default=1000, ge=1, le=10**9)
     eval_every_steps: Integer = Field(default=100, ge=1, le=10**9)
     keep_best_checkpoints: Integer = Field(default=3, ge=1, le=1000)
+    # A user's program instead of a workload (docs/scripts.md); exactly one of the two is meaningful.
+    command: list[Annotated[str, Field(max_length=4096)]] | None = Field(default=None, min_length=1, max_length=256)
+    workdir: str | None = Field(default=None, min_length=1, max_length=1000)
+    silence_timeout_seconds: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        # A command study stores no workload, so its dump parses again unchanged; a workload study
+        # stores none of the command's settings.
+        data = handler(self)
+        if isinstance(data, dict):
+            if self.command is not None:
+                data.pop("workload", None)
+            for key in ("command", "workdir", "silence_timeout_seconds"):
+                if data.get(key, 0) is None:
+                    del data[key]
+        return data
 
 
 class Resources(_Strict):
@@ -382,6 +400,36 @@ def _trainer_errors(spec: StudySpec) -> Iterator[FieldError]:
     declared = {hp.name for hp in spec.hyperparameters}
     for key in sorted((spec.trainer.model_extra or {}).keys() & declared):
         yield FieldError(f"trainer.{key}", f"is also declared as a hyperparameter; give {key!r} in one place")
+    yield from _command_errors(spec.trainer)
+
+
+def _command_errors(trainer: TrainerSettings) -> Iterator[FieldError]:
+    """`trainer.command` runs a user's program (docs/scripts.md); `workdir` names its working
+    directory relative to the root the worker's operator set, so it may not climb out of it."""
+    if trainer.command is None:
+        for key in ("workdir", "silence_timeout_seconds"):
+            if getattr(trainer, key) is not None:
+                yield FieldError(f"trainer.{key}", "applies only to trainer.command")
+        return
+    if "workload" in trainer.model_fields_set:
+        yield FieldError("trainer.workload", "give either trainer.workload or trainer.command, not both")
+    if not trainer.command[0]:
+        yield FieldError("trainer.command[0]", "must name the program to run")
+    for index, arg in enumerate(trainer.command):
+        if "\x00" in arg:
+            yield FieldError(f"trainer.command[{index}]", "must not contain NUL characters")
+    if trainer.workdir is not None:
+        yield from _workdir_errors(trainer.workdir)
+
+
+def _workdir_errors(workdir: str) -> Iterator[FieldError]:
+    path = PurePosixPath(workdir)
+    if any(unicodedata.category(c) == "Cc" for c in workdir) or "\\" in workdir:
+        yield FieldError("trainer.workdir", "must not contain control characters or backslashes")
+    elif path.is_absolute():
+        yield FieldError("trainer.workdir", "must be relative to the worker's --workdir-root")
+    elif ".." in path.parts:
+        yield FieldError("trainer.workdir", "must not contain '..'")
 
 
 def arm_count(spec: StudySpec) -> int:

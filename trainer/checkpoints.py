@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .config import Objective
+from .retention import kept_steps
 
 DIRNAME = "checkpoints"
 _NAME = re.compile(r"^step-(\d+)\.pt$")
@@ -95,18 +96,6 @@ def to_cpu(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(to_cpu(v) for v in value)
     return value
-
-
-def kept_steps(objectives: Mapping[int, float | None], keep_best: int, objective: Objective) -> set[int]:
-    """The steps to keep: the `keep_best` best finite objective values (earlier step first on ties)
-    and the newest step."""
-    scored = [(step, value) for step, value in objectives.items() if value is not None and value == value]
-    sign = 1.0 if objective.mode == "min" else -1.0
-    best = sorted(scored, key=lambda item: (sign * item[1], item[0]))[:keep_best]
-    kept = {step for step, _ in best}
-    if objectives:
-        kept.add(max(objectives))
-    return kept
 
 
 def prune(

@@ -86,6 +86,8 @@ class TrainerSettings:
     # Divergence by sustained, uncharacteristically high training loss (trainer/divergence.py).
     divergence_factor: float | None = DEFAULT_FACTOR
     divergence_patience: int = DEFAULT_PATIENCE
+    precision: str = "fp32"
+    grad_accumulation_steps: int = 1
 
     @property
     def checkpoint_every(self) -> int:
@@ -190,6 +192,10 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> Hyperparameters:
     )
 
 
+# `precision`: autocast of the forward pass and the loss; fp16 also scales the loss (GradScaler).
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
 def parse_trainer(raw: Mapping[str, Any]) -> TrainerSettings:
     known = TrainerSettings.__dataclass_fields__
     unknown = sorted(set(raw) - set(known))
@@ -227,6 +233,10 @@ def parse_trainer(raw: Mapping[str, Any]) -> TrainerSettings:
         divergence_patience=_integer(
             "trainer.divergence_patience", raw.get("divergence_patience", d.divergence_patience), minimum=1
         ),
+        precision=_choice("trainer.precision", raw.get("precision", d.precision), PRECISIONS),
+        grad_accumulation_steps=_integer(
+            "trainer.grad_accumulation_steps", raw.get("grad_accumulation_steps", 1), minimum=1
+        ),
     )
     return settings
 
@@ -259,6 +269,12 @@ def check_world_size(config: RunConfig, world_size: int) -> None:
     if eval_batch is not None and eval_batch < batch:
         # Playbook (000), "Setting up periodic evaluations": the eval batch is at least the training batch.
         raise ConfigError(f"trainer.eval_batch_size={eval_batch} must be at least params.batch_size={batch}")
+    micro = config.trainer.grad_accumulation_steps
+    if (batch // world_size) % micro:
+        raise ConfigError(
+            f"trainer.grad_accumulation_steps={micro} must divide the per-process batch {batch // world_size} "
+            f"(batch_size {batch} over {world_size} processes)"
+        )
     ghost = config.trainer.ghost_batch_size
     if ghost is not None and (batch // world_size) % ghost:
         raise ConfigError(

@@ -27,6 +27,7 @@ the playbook section each practice comes from:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -183,6 +184,11 @@ class Run:
             self.ddp = DistributedDataParallel(self.model, device_ids=device_ids, broadcast_buffers=False)
         self.optimizer = build_optimizer(self.model, self.h)
         self.mean_loss = _mean_loss(self.workload)
+        # Optional mixed precision and gradient accumulation; without either, the step is unchanged.
+        precision = self.settings.precision
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        self.scaler = torch.amp.GradScaler(ctx.device.type) if precision == "fp16" else None
+        self.plain_step = self.autocast_dtype is None and self.settings.grad_accumulation_steps == 1
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # listed once, not every step
         # Per-rank seeds: dropout (the global generator) and augmentation differ across ranks
         # (playbook 000, "Considerations for multi-host pipelines").
@@ -219,6 +225,7 @@ class Run:
             "history": self.history.state(),
             "config": self.config.resolved(),
             "identity": self.config.identity,
+            **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
         }
 
     def load_state(self, state: Mapping[str, Any], source: Path) -> None:
@@ -226,6 +233,8 @@ class Run:
             raise ConfigError(f"checkpoint {source} belongs to another run (different params, seed or workload)")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         self.history = History.from_state(state["history"])
         if state["world_size"] == self.ctx.world_size:
@@ -352,8 +361,11 @@ class Run:
         )
         set_learning_rate(self.optimizer, lr)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.mean_loss(self.ddp(inputs), labels, self.h.label_smoothing)
-        loss.backward()
+        if self.plain_step:
+            loss = self.mean_loss(self.ddp(inputs), labels, self.h.label_smoothing)
+            loss.backward()
+        else:
+            loss = self.accumulate(inputs, labels)
         norm = _global_norm([p.grad for p in self.params if p.grad is not None])
         clip = self.h.grad_clip_norm
         clipped = clip is not None and norm > clip
@@ -373,13 +385,18 @@ class Run:
         if not math.isfinite(global_loss):
             self.report({"train/loss": global_loss, "train/grad_norm": norm}, step=self.step + 1)
             raise Diverged(self.step + 1, f"training loss is {global_loss}")
-        if not math.isfinite(norm):
+        if not math.isfinite(norm) and self.scaler is None:
+            # (Under fp16 an overflowing gradient is the loss scaler's business: it skips the step.)
             self.report({"train/loss": global_loss, "train/grad_norm": norm}, step=self.step + 1)
             raise Diverged(self.step + 1, f"gradient norm is {norm}")
         if (diverged := self.divergence.update(self.step + 1, global_loss)) is not None:
             self.report({"train/loss": global_loss, "train/grad_norm": norm}, step=self.step + 1)
             raise Diverged(self.step + 1, diverged)
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.step += 1
         self.history.clipped_steps += int(clipped)
         window.add(loaded - started, time.perf_counter() - started)
@@ -388,6 +405,27 @@ class Run:
         if clip is not None:
             values["train/clipped_fraction"] = self.history.clipped_steps / self.step
         return values, stop
+
+    def accumulate(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The batch's mean loss with its gradients summed over `grad_accumulation_steps` equal
+        micro-batches (DDP all-reduces only at the last one), under `precision`'s autocast; the
+        gradients come out unscaled under fp16."""
+        chunks = self.settings.grad_accumulation_steps
+        total = torch.zeros((), dtype=torch.float32, device=inputs.device)
+        device, dtype = self.ctx.device.type, self.autocast_dtype
+        for index, (x, y) in enumerate(zip(inputs.chunk(chunks), labels.chunk(chunks), strict=True)):
+            last = index == chunks - 1
+            ddp = cast(DistributedDataParallel, self.ddp)
+            sync = contextlib.nullcontext() if last or not self.ctx.distributed else ddp.no_sync()
+            autocast = torch.autocast(device, dtype, enabled=dtype is not None)
+            with sync:
+                with autocast:
+                    loss = self.mean_loss(self.ddp(x), y, self.h.label_smoothing) / chunks
+                (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+            total += loss.detach().float()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        return total
 
     def evaluate(self) -> dict[str, float]:
         average_buffers(self.model, self.ctx)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from .char_lm import CharLM
 from .errors import ConfigError
 
 
@@ -323,7 +324,11 @@ def _digits(valid_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tenso
 
 # -- registry ----------------------------------------------------------------------------------------
 
-WORKLOADS: dict[str, Callable[..., Workload]] = {"synthetic_mlp": SyntheticMLP, "digits": Digits}  # type: ignore[dict-item]
+WORKLOADS: dict[str, Callable[..., Workload]] = {
+    "synthetic_mlp": SyntheticMLP,  # type: ignore[dict-item]
+    "digits": Digits,  # type: ignore[dict-item]
+    "char_lm": CharLM,  # type: ignore[dict-item]
+}
 
 
 def register_workload(name: str, factory: Callable[..., Workload]) -> None:

@@ -93,6 +93,18 @@ def _register_worker(subparsers: Any) -> None:
         help="also run trainer commands whose argv starts with PREFIX (shell-quoted, e.g. "
         "'/opt/venv/bin/python /srv/train.py'; repeatable; adds to $HPO_ALLOWED_COMMANDS)",
     )
+    parser.add_argument(
+        "--workdir-root",
+        default=os.environ.get("HPO_WORKDIR_ROOT"),
+        help="folder that trainer.workdir is relative to; commands run there (default $HPO_WORKDIR_ROOT or the "
+        "current directory)",
+    )
+    parser.add_argument(
+        "--stop-grace-seconds",
+        type=float,
+        default=30.0,
+        help="how long a stopped trainer.command gets to checkpoint and exit before SIGKILL (default 30)",
+    )
     parser.set_defaults(handler=_run_worker)
 
 
@@ -181,6 +193,8 @@ def _worker_options(args: argparse.Namespace) -> Any:
             token = Path(args.token_file).read_text().strip() or None
         except OSError as exc:
             raise CliError(f"--token-file: {exc}") from None
+    if args.workdir_root and not Path(args.workdir_root).is_dir():
+        raise CliError(f"--workdir-root {args.workdir_root} is not a directory")
     return WorkerOptions(
         server_url=args.server,
         artifact_root=Path(args.artifact_root or settings.artifact_root),
@@ -195,6 +209,8 @@ def _worker_options(args: argparse.Namespace) -> Any:
         warm_up=not args.no_warm_up,
         trainer=args.trainer,
         policy=policy,
+        workdir_root=Path(args.workdir_root) if args.workdir_root else None,
+        stop_grace_seconds=args.stop_grace_seconds,
     )
 
 

@@ -35,9 +35,19 @@ from hpo.policy import ExecutionPolicy, env_refusal
 
 from .capacity import Capacity, Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
+from .command import DEFAULT_STOP_GRACE_SECONDS
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import Outcome, create_board, launch, outcome_of_exception
-from .runs import STOP_LEASE_LOST, STOP_PREEMPTED, STOP_REQUESTED, JobSettings, Run, build_job
+from .runs import (
+    STOP_LEASE_LOST,
+    STOP_PREEMPTED,
+    STOP_REQUESTED,
+    CommandRefused,
+    JobSettings,
+    Run,
+    build_job,
+    prepare_command,
+)
 
 _log = logging.getLogger("hpo.worker")
 
@@ -71,6 +81,10 @@ class WorkerOptions:
     trainer: str = "hpo.trainer:train"
     # What this worker's operator lets trials run besides the built-in workloads (hpo.policy).
     policy: ExecutionPolicy = field(default_factory=ExecutionPolicy)
+    # `trainer.command` trials (docs/scripts.md): the root their `trainer.workdir` is relative to
+    # (default: the current directory), and how long a stopped command gets before SIGKILL.
+    workdir_root: Path | None = None
+    stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
 
 
 @dataclass
@@ -104,6 +118,7 @@ class Worker:
         self._capacity = Capacity(exclusive=True)
         self._jobs: JobSettings | None = None
         self.stopped_by_signal: int | None = None
+        self._workdir_root = (options.workdir_root or Path.cwd()).absolute()
 
     # -- public -------------------------------------------------------------------------------
 
@@ -226,6 +241,11 @@ class Worker:
         run = Run(claim=claim, job=job, footprint=footprint, execution=None, claimed_at=claimed_at)
         run.next_heartbeat = time.monotonic() + run.heartbeat_period
         refusal = execution_refusal(job.config, self.options.policy)
+        if refusal is None:
+            try:
+                run.job = job = prepare_command(job, self._workdir_root)
+            except CommandRefused as exc:
+                refusal = str(exc)
         if refusal is not None:
             # Before any import or process start: the operator has not allowed this code here.
             _log.warning("trial %d: refused: %s", job.trial_id, refusal)
@@ -303,6 +323,7 @@ class Worker:
             opts.flush_points,
             opts.flush_seconds,
             opts.trainer,
+            opts.stop_grace_seconds,
         )
         # Ray Train's driver side, loaded here rather than inside the first DDP trial's start.
         importlib.import_module("ray.train.torch")

@@ -125,6 +125,9 @@ class HttpReporter:
         self.lease_lost = False
         self.first_step_at: float | None = None
         self.delivered_points = 0
+        # The step of the newest checkpoint the server recorded: the one a later attempt resumes
+        # from, which retention must not delete (worker/command.py).
+        self.newest_recorded: int | None = None
 
     # -- Reporter protocol (called by the trainer on rank 0) -----------------------------------
 
@@ -203,13 +206,15 @@ class HttpReporter:
                 return
 
     def _deliver(self, final: bool, retry_for: float) -> None:
-        """Sends every whole point now in the file, then the checkpoint records they cover."""
+        """Sends the whole points now in the file, then the checkpoint records they cover. Stops
+        after a batch that was not full: a script that appends a line every few milliseconds would
+        otherwise keep this loop busy for ever, and the checkpoint records behind it would wait."""
         while True:
             points, end = self._tail.read()
             if points:
                 self._send_points(points, retry_for)
             self._tail.advance(end)
-            if not points:
+            if len(points) < self._tail.max_points:
                 break
         while self._checkpoints and (final or self._checkpoints[0][0] < self._delivered_step):
             step, uri, objective = self._checkpoints[0]
@@ -217,6 +222,7 @@ class HttpReporter:
             try:
                 self._client.post_checkpoint(self._trial_id, self._lease_id, step, uri, objective, retry_for, deleted)
                 self._deleted -= set(deleted)
+                self.newest_recorded = max(step, self.newest_recorded or step)
             except ProtocolError as exc:
                 if isinstance(exc, LeaseLost):
                     raise

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib
 import logging
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -26,6 +27,13 @@ from typing import Any, Protocol
 import ray
 
 from .client import ServerClient
+from .command import (
+    DEFAULT_SILENCE_TIMEOUT_SECONDS,
+    DEFAULT_STOP_GRACE_SECONDS,
+    CommandRun,
+    CommandSettings,
+    is_command,
+)
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS, HttpReporter, Undelivered
 
 _log = logging.getLogger("hpo.worker.runner")
@@ -53,6 +61,10 @@ class TrialJob:
     flush_seconds: float = FLUSH_SECONDS
     collective_timeout_s: int = 600
     trainer: str = "hpo.trainer:train"
+    # `trainer.command` trials (worker/command.py): the resolved working directory, and how long a
+    # stopped command may take to checkpoint and exit before its process group is killed.
+    command_cwd: str = ""
+    stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
 
     @property
     def name(self) -> str:
@@ -80,6 +92,7 @@ class TrialBoard:
     def __init__(self) -> None:
         self._stops: dict[str, str] = {}
         self._outcomes: dict[str, Outcome] = {}
+        self._rendezvous: dict[str, dict[str, str]] = {}
 
     def request_stop(self, key: str, reason: str) -> None:
         self._stops.setdefault(key, reason)
@@ -90,9 +103,17 @@ class TrialBoard:
     def put_outcome(self, key: str, outcome: Outcome) -> None:
         self._outcomes[key] = outcome
 
+    def put_rendezvous(self, key: str, env: dict[str, str]) -> None:
+        self._rendezvous[key] = env
+
+    def rendezvous(self, key: str) -> dict[str, str] | None:
+        """`MASTER_ADDR` and `MASTER_PORT` that rank 0 of a DDP command trial chose."""
+        return self._rendezvous.get(key)
+
     def take(self, key: str) -> Outcome | None:
         """Forgets the key; answers the outcome rank 0 left, if any."""
         self._stops.pop(key, None)
+        self._rendezvous.pop(key, None)
         return self._outcomes.pop(key, None)
 
 
@@ -135,6 +156,8 @@ class BoardPoller:
 def run_rank(job: TrialJob, rank: int) -> Outcome | None:
     """Trains on one rank; rank 0 reports over HTTP and answers the Outcome, other ranks None.
     Rank 0 never raises: user-code exceptions become `error`, ConfigError `config`."""
+    if is_command(job.config):
+        return run_command_rank(job, rank)
     started = time.time()
     out_dir = Path(job.out_dir)
     if rank != 0:
@@ -152,6 +175,61 @@ def run_rank(job: TrialJob, rank: int) -> Outcome | None:
         flush_seconds=job.flush_seconds,
     ).start()
     outcome = _guarded_train(job, out_dir, reporter)
+    outcome.undelivered = reporter.close()
+    outcome.lease_lost = reporter.lease_lost
+    outcome.started_at, outcome.first_step_at = started, reporter.first_step_at
+    return outcome
+
+
+class _BoardStop:
+    def __init__(self, poller: BoardPoller) -> None:
+        self.poller = poller
+
+    def should_stop(self) -> bool:
+        return self.poller()
+
+
+def run_command_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | None = None) -> Outcome | None:
+    """Runs `trainer.command` for one rank (worker/command.py). Rank 0 tails its files into an
+    `HttpReporter` and answers the Outcome; another rank writes under `out_dir/ranks/rank-<r>` (only
+    rank 0's files count), answers None, and raises when its process failed, so that Ray Train
+    ends the group instead of rank 0 waiting in a collective."""
+    started = time.time()
+    trainer = job.config.get("trainer") or {}
+    out_dir = Path(job.out_dir) if rank == 0 else Path(job.out_dir) / "ranks" / f"rank-{rank}"
+    settings = CommandSettings(
+        argv=tuple(str(a) for a in trainer["command"]),
+        cwd=Path(job.command_cwd or "."),
+        out_dir=out_dir,
+        rank=rank,
+        # The spec's `trainer.env` (checked by hpo.policy.env_refusal on the server and the worker),
+        # under the launcher's torchrun variables.
+        extra_env={**{str(k): str(v) for k, v in (trainer.get("env") or {}).items()}, **(launcher_env or {})},
+        stop_grace_seconds=job.stop_grace_seconds,
+        silence_timeout_seconds=float(trainer.get("silence_timeout_seconds") or DEFAULT_SILENCE_TIMEOUT_SECONDS),
+    )
+    poller = BoardPoller(job.board, job.lease_id)
+    if rank != 0:
+        result = CommandRun(settings, job.config, _BoardStop(poller), None).run()
+        if result.status == "error":
+            raise RuntimeError(f"trial {job.trial_id} rank {rank}: {result.reason}")
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reporter = HttpReporter(
+        job.client,
+        job.trial_id,
+        job.lease_id,
+        out_dir / "metrics.jsonl",
+        Path(job.artifact_root),
+        poller,
+        flush_points=job.flush_points,
+        flush_seconds=job.flush_seconds,
+    ).start()
+    try:
+        result = CommandRun(settings, job.config, reporter, reporter).run()
+        outcome = Outcome(result.status, result.reason, result.step)
+    except OSError as exc:  # the program is missing or not executable on this node
+        outcome = Outcome("error", f"could not start the command {settings.argv[0]!r}: {exc}")
     outcome.undelivered = reporter.close()
     outcome.lease_lost = reporter.lease_lost
     outcome.started_at, outcome.first_step_at = started, reporter.first_step_at
@@ -195,12 +273,47 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
     from ray import train as ray_train
 
     job: TrialJob = loop_config["job"]
-    rank = ray_train.get_context().get_world_rank()
-    outcome = run_rank(job, rank)
+    context = ray_train.get_context()
+    rank = context.get_world_rank()
+    if is_command(job.config):
+        outcome = run_command_rank(job, rank, _torchrun_environment(job, context))
+    else:
+        outcome = run_rank(job, rank)
     if outcome is not None:
         ray.get(job.board.put_outcome.remote(job.lease_id, outcome))
         if outcome.status in ("error", "config"):
             raise RuntimeError(f"trial {job.trial_id} rank 0 ended with {outcome.status}")
+
+
+def _torchrun_environment(job: TrialJob, context: Any, timeout: float = 120.0) -> dict[str, str]:
+    """The variables `torchrun` sets, for a command's own `init_process_group`. Rank 0 picks a free
+    port on its node (Ray Train's own process group holds the one in this process's MASTER_PORT)
+    and leaves it on the board; the other ranks wait for it there."""
+    rank = context.get_world_rank()
+    if rank == 0:
+        rendezvous = {"MASTER_ADDR": ray.util.get_node_ip_address(), "MASTER_PORT": str(_free_port())}
+        ray.get(job.board.put_rendezvous.remote(job.lease_id, rendezvous))
+    else:
+        deadline = time.monotonic() + timeout
+        while (rendezvous := ray.get(job.board.rendezvous.remote(job.lease_id))) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"trial {job.trial_id} rank {rank}: rank 0 chose no MASTER_PORT in {timeout:g} s")
+            time.sleep(0.05)
+    return {
+        **rendezvous,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(context.get_world_size()),
+        "LOCAL_RANK": str(context.get_local_rank()),
+        "LOCAL_WORLD_SIZE": str(context.get_local_world_size()),
+        "GROUP_RANK": str(context.get_node_rank()),
+        "NODE_RANK": str(context.get_node_rank()),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
 
 
 class Execution(Protocol):

@@ -3,6 +3,7 @@ protocol call (DESIGN.md, "Trial lifecycle": `complete`, or `fail` with a kind).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 from .artifacts import ArtifactPathError, attempt_dir, fallback_checkpoint, relative_attempt_path, resolve_checkpoint
 from .capacity import Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
+from .command import DEFAULT_STOP_GRACE_SECONDS, is_command, resolve_workdir
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import Execution, Outcome, TrialJob
 
@@ -33,6 +35,7 @@ class JobSettings:
     flush_points: int = FLUSH_POINTS
     flush_seconds: float = FLUSH_SECONDS
     trainer: str = "hpo.trainer:train"
+    stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
 
 
 def build_job(claim: dict[str, Any], settings: JobSettings) -> TrialJob:
@@ -70,7 +73,26 @@ def build_job(claim: dict[str, Any], settings: JobSettings) -> TrialJob:
         flush_points=settings.flush_points,
         flush_seconds=settings.flush_seconds,
         trainer=settings.trainer,
+        stop_grace_seconds=settings.stop_grace_seconds,
     )
+
+
+class CommandRefused(ValueError):
+    """A `trainer.command` this worker will not run (its allow-list, its workdir root)."""
+
+
+def prepare_command(job: TrialJob, workdir_root: Path) -> TrialJob:
+    """For a command trial (already allowed by the operator's policy: `loop.execution_refusal`):
+    resolves the working directory under `workdir_root`; raises `CommandRefused` with the reason
+    (the trial then fails as `config`, never retried). Other trials pass unchanged."""
+    if not is_command(job.config):
+        return job
+    trainer = job.config["trainer"]
+    try:
+        cwd = resolve_workdir(workdir_root, trainer.get("workdir"))
+    except ValueError as exc:
+        raise CommandRefused(str(exc)) from None
+    return dataclasses.replace(job, command_cwd=str(cwd))
 
 
 def _resume_path(claim: dict[str, Any], root: Path, trial_id: int) -> Path | None:

@@ -1,0 +1,60 @@
+"""A training script for the command tests (standard library only, so it starts in milliseconds).
+Its "loss" is a pure function of (seed, step), so a resumed run must reproduce an uninterrupted one.
+Behaviour on cue from params: `step_seconds`, `fail_at_step` (raises), `infeasible_at_step`,
+`mode`: `silent` (never writes), `crash` (exits 3 at once), `orphan` (leaves a child behind),
+`stubborn` (ignores SIGTERM), `quiet_exit` (exits 0 without a point)."""
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpo.session import session
+
+s = session()
+p = s.params
+mode = p.get("mode", "normal")
+print(f"counter starting: params={p} resume_from={s.resume_from}", flush=True)
+if mode == "silent":
+    time.sleep(3600)
+if mode == "crash":
+    print("loading data...\nValueError: the data folder is empty", file=sys.stderr, flush=True)
+    sys.exit(3)
+if mode == "quiet_exit":
+    sys.exit(0)
+if mode == "orphan":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    (s.out_dir / "orphan.pid").write_text(str(child.pid))
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def loss(seed: int, step: int) -> float:
+    return 2.0 * math.exp(-step / 50) + random.Random(seed * 100_003 + step).random() * 0.01
+
+
+def save(step: int) -> None:
+    with s.checkpoint(step, ".json") as path:
+        path.write_text(json.dumps({"step": step, "pid": os.getpid()}))
+
+
+start = json.loads(Path(s.resume_from).read_text())["step"] if s.resume_from else 0
+every = s.eval_every_steps
+for step in range(start + 1, s.max_train_steps + 1):
+    time.sleep(float(p.get("step_seconds", 0.0)))
+    if p.get("fail_at_step") == step:
+        raise RuntimeError(f"user code failed at step {step}")
+    s.report(step, {"train/loss": loss(s.seed, step)})
+    if p.get("infeasible_at_step") == step:
+        s.infeasible(f"diverged at step {step}")
+    if step % every == 0:
+        s.report(step, {"valid/error_rate": loss(s.seed + 1, step)})
+    if step % every == 0 or s.should_stop():
+        save(step)
+    if s.should_stop():
+        sys.exit(0)

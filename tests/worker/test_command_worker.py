@@ -1,0 +1,243 @@
+"""`trainer.command` trials through the whole worker: the real server (SQLite), the session's Ray
+instance, real script processes. A crash is retried then failed with its stderr; a command outside
+the allow-list fails as `config` without running; a SIGKILLed worker's trial is resumed by another
+from the script's newest checkpoint with the history of an uninterrupted twin; a cancelled trial's
+script that ignores SIGTERM is killed after the grace period."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hpo.policy import ExecutionPolicy
+from hpo.settings import Settings
+from hpo.worker.loop import Worker, WorkerOptions
+from tests.conftest import LiveServer
+from tests.worker.conftest import API, REPO, create_study, metric_steps, study_done, trials, wait_until
+from tests.worker.test_faults import assert_same_as_twin, first_step_of, mid_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+WORKDIR_ROOT = Path(__file__).parent  # trainer.workdir "scripts" is tests/worker/scripts
+COMMAND = [sys.executable, "counter.py"]
+ALLOW = (shlex.join(COMMAND),)
+# The server's operator allows this interpreter; each test's worker has its own, narrower list.
+SERVER_ALLOWS = ExecutionPolicy(command_prefixes=((sys.executable,),))
+
+
+@pytest.fixture
+def server(ray_address: str, tmp_path: Path) -> Iterator[tuple[LiveServer, httpx.Client, Settings]]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'hpo.db'}",
+        artifact_root=tmp_path / "artifacts",
+        lease_seconds=3,
+        execution_policy=SERVER_ALLOWS,
+    )
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as http:
+        yield live, http, settings
+
+
+def command_study(params: dict[str, Any], copies: int = 1, steps: int = 60, **overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "script",
+        "algorithm": "manual",
+        "objective": {"metric": "valid/error_rate", "mode": "min"},
+        "hyperparameters": [{"name": k, "role": "fixed", "value": v} for k, v in params.items()],
+        "trials": [{"params": {}, "seed": 7} for _ in range(copies)],
+        "trainer": {
+            "command": COMMAND,
+            "workdir": "scripts",
+            "max_train_steps": steps,
+            "eval_every_steps": 10,
+            "keep_best_checkpoints": 2,
+        },
+        "resources": {"workers": 1, "cpus_per_worker": 1, "gpus_per_worker": 0},
+    }
+    spec.update(overrides)
+    return spec
+
+
+def run_worker(url: str, settings: Settings, until: Any, **options: Any) -> Worker:
+    worker = Worker(
+        WorkerOptions(
+            server_url=url,
+            artifact_root=settings.artifact_root,
+            idle_poll_seconds=0.2,
+            exit_when_idle_seconds=60,
+            flush_seconds=0.2,
+            policy=ExecutionPolicy().merged(command_prefixes=options.pop("allow_commands", ALLOW)),
+            workdir_root=WORKDIR_ROOT,
+            warm_up=False,
+            **options,
+        )
+    )
+    worker.run(until=until)
+    return worker
+
+
+def test_a_script_trial_completes_with_its_history_checkpoints_and_objective(server: Any) -> None:
+    live, http, settings = server
+    study = create_study(http, command_study({"step_seconds": 0.01}))
+    run_worker(live.url, settings, study_done(http, study["id"]))
+    (trial,) = trials(http, study["id"])
+    assert (trial["status"], trial["attempt"]) == ("completed", 1), trial
+    assert [s for s, _ in metric_steps(http, trial["id"], "train/loss")] == list(range(1, 61))
+    errors = metric_steps(http, trial["id"], "valid/error_rate")
+    best_step, best_value = min(errors, key=lambda point: point[1])
+    assert (trial["best_step"], trial["objective_value"]) == (best_step, best_value)
+    recorded = [c["step"] for c in http.get(f"{API}/trials/{trial['id']}/checkpoints").json()]
+    assert 60 in recorded and best_step in recorded
+    on_disk = sorted(p.name for p in (settings.artifact_root / "trials" / str(trial["id"]) / "attempt-1" /
+                                      "checkpoints").iterdir())
+    assert len(on_disk) <= 3, f"keep_best_checkpoints=2 plus the newest, got {on_disk}"
+
+
+def test_a_crashing_script_is_retried_then_failed_with_its_stderr(server: Any) -> None:
+    live, http, settings = server
+    study = create_study(http, command_study({"mode": "crash"}, max_attempts=2, max_failed_trials=100))
+    run_worker(live.url, settings, study_done(http, study["id"]))
+    (trial,) = trials(http, study["id"])
+    assert (trial["status"], trial["fail_kind"], trial["attempt"]) == ("failed", "error", 2)
+    assert "exited with status 3" in trial["error"] and "ValueError: the data folder is empty" in trial["error"]
+
+
+def test_a_command_outside_the_allow_list_fails_as_config_without_running(server: Any) -> None:
+    live, http, settings = server
+    study = create_study(http, command_study({}, max_failed_trials=100))
+    run_worker(live.url, settings, study_done(http, study["id"]), allow_commands=("python other.py",))
+    (trial,) = trials(http, study["id"])
+    assert (trial["status"], trial["fail_kind"], trial["attempt"]) == ("failed", "config", 1)
+    assert "--allow-command" in trial["error"]
+    assert not (settings.artifact_root / "trials" / str(trial["id"]) / "attempt-1" / "metrics.jsonl").exists()
+
+
+def test_a_cancelled_script_that_ignores_sigterm_is_killed_after_the_grace_period(server: Any) -> None:
+    live, http, settings = server
+    study = create_study(http, command_study({"mode": "stubborn", "step_seconds": 0.05}, steps=100_000))
+    (trial,) = trials(http, study["id"])
+    log = settings.artifact_root / "trials" / str(trial["id"]) / "attempt-1" / "metrics.jsonl"
+
+    def cancel() -> None:
+        wait_until(lambda: log.exists() and log.stat().st_size > 0, 60, "the script to write")
+        http.post(f"{API}/trials/{trial['id']}/cancel").raise_for_status()
+
+    import threading
+
+    canceller = threading.Thread(target=cancel, daemon=True)
+    canceller.start()
+    started = time.monotonic()
+    run_worker(live.url, settings, study_done(http, study["id"]), stop_grace_seconds=1.0)
+    canceller.join(5)
+    assert http.get(f"{API}/trials/{trial['id']}").json()["status"] == "cancelled"
+    assert time.monotonic() - started < 60
+    size = log.stat().st_size
+    time.sleep(0.5)
+    assert log.stat().st_size == size, "the script outlived its trial"
+
+
+def start_worker(url: str, ray_address: str, settings: Settings) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "hpo.cli", "worker", "--server", url, "--ray-address", ray_address,
+        "--max-trials", "1", "--exit-when-idle", "60", "--log-level", "warning",
+        "--allow-command", ALLOW[0], "--workdir-root", str(WORKDIR_ROOT),
+    ]  # fmt: skip
+    env = {**os.environ, "HPO_ARTIFACT_ROOT": str(settings.artifact_root)}
+    return subprocess.Popen(command, cwd=REPO, env=env)
+
+
+def test_a_sigkilled_worker_s_script_trial_resumes_elsewhere_like_its_uninterrupted_twin(
+    server: Any, ray_address: str
+) -> None:
+    live, http, settings = server
+    study = create_study(http, command_study({"step_seconds": 0.05}, copies=2, steps=120))
+    victim, twin = (t["id"] for t in trials(http, study["id"]))
+    worker = start_worker(live.url, ray_address, settings)
+    try:
+        wait_until(lambda: mid_run(http, victim, 20), 90, "the first trial to be mid-run")
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        orphan_log = settings.artifact_root / "trials" / str(victim) / "attempt-1" / "metrics.jsonl"
+        time.sleep(2)
+        size_after_kill = orphan_log.stat().st_size
+        run_worker(live.url, settings, study_done(http, study["id"]))
+    finally:
+        worker.kill()
+    assert orphan_log.stat().st_size == size_after_kill, "the killed worker's script went on training"
+    assert http.get(f"{API}/trials/{victim}").json()["attempt"] == 2
+    assert first_step_of(settings, victim, 2) > 1, "attempt 2 resumed from a checkpoint"
+    assert_same_as_twin(http, victim, twin, 120)
+
+
+def test_a_lost_lease_sends_sigterm_then_sigkill_and_the_trial_resumes(ray_address: str, tmp_path: Path) -> None:
+    """The server is down longer than the lease and the lease is reaped meanwhile: the worker's next
+    heartbeat gets 409, and the script (which ignores SIGTERM) is killed after the grace period; the
+    same trial's next attempt resumes from its checkpoint and completes without a gap."""
+    from hpo.server.db import Database
+    from hpo.server.leases import reap_expired
+    from hpo.worker.demo import EmbeddedServer
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'hpo.db'}",
+        artifact_root=tmp_path / "artifacts",
+        lease_seconds=3,
+        execution_policy=SERVER_ALLOWS,
+    )
+    servers = [EmbeddedServer(settings, 0).__enter__()]
+    http = httpx.Client(base_url=servers[0].url, timeout=30)
+    study = create_study(http, command_study({"mode": "stubborn", "step_seconds": 0.05}, steps=200))
+    (trial,) = trials(http, study["id"])
+    log = settings.artifact_root / "trials" / str(trial["id"]) / "attempt-1" / "metrics.jsonl"
+    killed_at: list[int] = []
+
+    def lose_the_lease() -> None:
+        wait_until(lambda: log.exists() and log.stat().st_size > 2000, 60, "the script to checkpoint")
+        servers[0].__exit__()
+        time.sleep(3.5)
+        database = Database(settings.database_url)
+        assert reap_expired(database) == 1
+        database.dispose()
+        servers.append(EmbeddedServer(settings, servers[0].port).__enter__())
+        wait_until(lambda: _stopped_growing(log), 30, "the attempt-1 script to die")
+        killed_at.append(len(log.read_text().splitlines()))
+
+    import threading
+
+    thief = threading.Thread(target=lose_the_lease, daemon=True)
+    thief.start()
+    try:
+        run_worker(servers[0].url, settings, _reachable_and(study_done(http, study["id"])), stop_grace_seconds=1.0)
+        thief.join(30)
+        assert killed_at, "the attempt-1 script was stopped"
+        final = http.get(f"{API}/trials/{trial['id']}").json()
+        assert (final["status"], final["attempt"]) == ("completed", 2)
+        assert [s for s, _ in metric_steps(http, trial["id"], "train/loss")] == list(range(1, 201))
+        assert first_step_of(settings, trial["id"], 2) > 1, "attempt 2 resumed from attempt 1's checkpoint"
+    finally:
+        http.close()
+        servers[-1].__exit__()
+
+
+def _stopped_growing(path: Path) -> bool:
+    size = path.stat().st_size
+    time.sleep(1.5)
+    return path.stat().st_size == size
+
+
+def _reachable_and(done: Any) -> Any:
+    def check() -> bool:
+        try:
+            return bool(done())
+        except httpx.TransportError:
+            return False
+
+    return check

@@ -1,0 +1,403 @@
+"""A user's program as the trainer: `trainer.command` (docs/scripts.md, DESIGN.md "Second wave").
+
+The worker runs the command once per attempt (once per process for DDP) and talks to it through
+files only, so a script needs no import of hpo (Katib's file metrics collector is the model):
+
+- in: `HPO_CONFIG`, a JSON file holding the claim's `config` plus `resume_from` (the newest
+  checkpoint of an earlier attempt, or null); `HPO_OUT_DIR`, the attempt's own folder; for DDP the
+  `torchrun` environment (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`,
+  `MASTER_ADDR`, `MASTER_PORT`).
+- out: `{"step", "name", "value"}` lines appended to `$HPO_OUT_DIR/metrics.jsonl`; checkpoints as
+  `$HPO_OUT_DIR/checkpoints/step-<N>[.ext]` (a file or a folder), complete once they appear under
+  that name; `$HPO_OUT_DIR/result.json` `{"status": "infeasible", "reason": ...}`; the exit status.
+- stop: SIGTERM to the command's process group asks it to checkpoint and exit; SIGKILL to the group
+  follows after `stop_grace_seconds`.
+
+Rank 0's runner tails the files: points go to the `Reporter` (the worker's `HttpReporter` reads the
+same file by offset, so a server outage buffers on disk), complete checkpoints are recorded and the
+`keep_best_checkpoints` best plus the newest kept (the trainer's own retention rule). The command
+runs in its own session (`start_new_session`), so a stop, and the end of the run, reach every
+process it started; `PR_SET_PDEATHSIG` ends it if the process that runs it dies (a SIGKILLed
+worker), so it never trains on for a lease that is gone. The command's environment carries no
+`HPO_*` variable of the worker's (no API token): only `HPO_CONFIG` and `HPO_OUT_DIR`."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from hpo.trainer.config import Objective
+from hpo.trainer.retention import kept_steps
+
+from .reporter import MetricsTail
+
+_log = logging.getLogger("hpo.worker.command")
+
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+CONFIG_FILE = "hpo-config.json"
+CHECKPOINT_DIR = "checkpoints"
+STDOUT_FILE, STDERR_FILE = "stdout.log", "stderr.log"
+# `step-<N>` or `step-<N>.<ext>` (`.pt`, `.tar.gz`): a complete checkpoint. Anything else in the
+# folder (`.step-100.pt.tmp`, `step-100.pt.tmp123`, `tmp-...`) is a write in progress.
+CHECKPOINT_NAME = re.compile(r"^step-(\d+)((?:\.[A-Za-z0-9_-]+){0,3})$")
+_TEMPORARY = {"tmp", "temp", "part", "partial", "incomplete"}
+# Environment the command must not inherit from the process that runs it: the worker's own hpo
+# settings (its API token, the database URL) and any launcher variables of another run.
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+DEFAULT_STOP_GRACE_SECONDS = 30.0
+DEFAULT_SILENCE_TIMEOUT_SECONDS = 1800.0
+STDERR_TAIL_LINES = 30
+
+
+class StopFlag(Protocol):
+    def should_stop(self) -> bool: ...
+
+
+class Sink(StopFlag, Protocol):
+    """What rank 0's runner reports to (the trainer's `Reporter` contract)."""
+
+    def metrics(self, step: int, values: dict[str, float]) -> None: ...
+
+    def checkpoint(self, step: int, path: str, objective_value: float | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class CommandSettings:
+    """How one process of a command trial runs."""
+
+    argv: tuple[str, ...]
+    cwd: Path
+    out_dir: Path
+    rank: int = 0
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
+    silence_timeout_seconds: float = DEFAULT_SILENCE_TIMEOUT_SECONDS
+    poll_seconds: float = 0.05
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """How the command ended, in the terms of an `Outcome` (status, reason, step)."""
+
+    status: str
+    reason: str = ""
+    step: int | None = None
+
+
+def is_command(config: Mapping[str, Any]) -> bool:
+    return bool((config.get("trainer") or {}).get("command"))
+
+
+def resolve_workdir(root: Path, workdir: str | None) -> Path:
+    """The command's working directory: `root/workdir`, which must exist and stay under `root`
+    once symlinks are resolved. Raises ValueError with the reason."""
+    base = root.resolve()
+    path = (base / workdir).resolve() if workdir else base
+    if not path.is_relative_to(base):
+        raise ValueError(f"trainer.workdir {workdir!r} leads outside the worker's workdir root {base}")
+    if not path.is_dir():
+        raise ValueError(f"trainer.workdir {workdir!r}: {path} is not a directory on this worker")
+    return path
+
+
+def command_environment(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """`base` without any `HPO_*` or launcher variable, plus `extra`."""
+    env = {k: v for k, v in base.items() if not k.startswith("HPO_") and k not in TORCHRUN_VARIABLES}
+    env.update(extra)
+    return env
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a complete checkpoint's file or folder name, None for anything else."""
+    match = CHECKPOINT_NAME.match(name)
+    if match is None or any(part.lower() in _TEMPORARY for part in match.group(2).split(".")):
+        return None
+    return int(match.group(1))
+
+
+def list_checkpoints(directory: Path) -> dict[int, Path]:
+    """Complete checkpoints in `directory` by step (the newest name wins when two share a step)."""
+    found: dict[int, Path] = {}
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return found
+    for entry in sorted(entries, key=lambda e: e.name):
+        step = checkpoint_step(entry.name)
+        if step is not None:
+            found[step] = Path(entry.path)
+    return found
+
+
+def write_config(out_dir: Path, config: Mapping[str, Any]) -> Path:
+    """`HPO_CONFIG`: the claim's config with `resume_from` at the top (a path, or null)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = dict(config)
+    trainer = dict(data.get("trainer") or {})
+    data["resume_from"] = trainer.get("resume_from")
+    path = out_dir / CONFIG_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, allow_nan=False, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+class CommandRun:
+    """One process of a command trial, from start to a `CommandResult`. `sink` (rank 0 only) gets
+    the points and checkpoints; `stop` is polled for stop requests (the driver's board)."""
+
+    def __init__(self, settings: CommandSettings, config: Mapping[str, Any], stop: StopFlag, sink: Sink | None) -> None:
+        self.s, self.config, self.stop, self.sink = settings, config, stop, sink
+        trainer = dict(config.get("trainer") or {})
+        objective = dict(config.get("objective") or {})
+        self.objective_metric = str(objective.get("metric", "valid/error_rate"))
+        self.objective_mode = str(objective.get("mode", "min"))
+        self.keep_best = int(trainer.get("keep_best_checkpoints", 3))
+        self.tail = MetricsTail(settings.out_dir / METRICS_FILE)
+        self.ckpt_dir = settings.out_dir / CHECKPOINT_DIR
+        self.objectives: dict[int, float] = {}
+        self.recorded: set[int] = set()
+        self.points = 0
+        self.last_step: int | None = None
+        self.last_activity = time.monotonic()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def run(self) -> CommandResult:
+        self.start()
+        stop_reason, kill_at = self.supervise()
+        returncode = self._wait_and_reap(kill_at)
+        self.poll_files()
+        return self.verdict(returncode, stop_reason)
+
+    def start(self) -> None:
+        out = self.s.out_dir
+        config_path = write_config(out, self.config)
+        ours = {"HPO_CONFIG": str(config_path), "HPO_OUT_DIR": str(out)}
+        env = command_environment(os.environ, {**self.s.extra_env, **ours})
+        # Output goes to files, not pipes: nothing to drain, and the tail survives for the reason.
+        with (out / STDOUT_FILE).open("ab") as stdout, (out / STDERR_FILE).open("ab") as stderr:
+            self.proc = subprocess.Popen(
+                list(self.s.argv),
+                cwd=self.s.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=functools.partial(_child_setup, node_niceness()),
+            )
+        self.last_activity = time.monotonic()
+
+    def supervise(self) -> tuple[str | None, float | None]:
+        """Polls until the command's main process exits. Answers why it was stopped (None when it
+        ended by itself) and when to SIGKILL the group if it is still there."""
+        assert self.proc is not None
+        stop_reason: str | None = None
+        kill_at: float | None = None
+        silence = self.s.silence_timeout_seconds
+        while self.proc.poll() is None:
+            if self.sink is not None and self.poll_files():
+                self.last_activity = time.monotonic()
+            now = time.monotonic()
+            if stop_reason is None:
+                if self.stop.should_stop():
+                    stop_reason = "stop"
+                elif self.sink is not None and now - self.last_activity > silence:
+                    stop_reason = "silent"
+                if stop_reason is not None:
+                    self.signal_group(signal.SIGTERM)
+                    kill_at = now + self.s.stop_grace_seconds
+            elif kill_at is not None and now >= kill_at:
+                self.signal_group(signal.SIGKILL)
+                kill_at = None
+            time.sleep(self.s.poll_seconds)
+        return stop_reason, kill_at
+
+    def _wait_and_reap(self, kill_at: float | None) -> int:
+        """The main process's exit status; whatever else is left in its process group (children
+        that outlived it) is killed now: the trial is over."""
+        assert self.proc is not None
+        returncode = self.proc.wait()
+        self.signal_group(signal.SIGKILL)
+        return returncode
+
+    def signal_group(self, signum: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def poll_files(self) -> bool:
+        """Reads new metric points and complete checkpoints; True when there was anything new."""
+        if self.sink is None:
+            return False
+        new = self._read_points()
+        found = {step: path for step, path in list_checkpoints(self.ckpt_dir).items() if step not in self.recorded}
+        if not found:
+            return new
+        self.recorded.update(found)
+        self._prune()
+        # Like the trainer, record only what retention keeps (the newest always is); several
+        # checkpoints that appeared between two polls may leave only the best of them.
+        for step, path in sorted(found.items()):
+            if path.exists():
+                self.sink.checkpoint(step, str(path), self.objectives.get(step))
+        return True
+
+    def _read_points(self) -> bool:
+        assert self.sink is not None
+        got = False
+        while True:
+            points, end = self.tail.read()
+            self.tail.advance(end)
+            if not points:
+                return got
+            got = True
+            for point in points:
+                step, name, value = point["step"], point["name"], point["value"]
+                self.points += 1
+                self.last_step = step if self.last_step is None else max(self.last_step, step)
+                if name == self.objective_metric and value == value:
+                    self.objectives[step] = value
+                self.sink.metrics(step, {name: value})
+
+    def _prune(self) -> None:
+        """The trainer's retention: the `keep_best` best checkpoints by the objective and the newest;
+        and the newest one the server recorded, which a later attempt would resume from (during a
+        server outage the script goes on checkpointing, and none of the newer ones is recorded)."""
+        present = list_checkpoints(self.ckpt_dir)
+        keep = kept_steps(
+            {step: self.objectives.get(step) for step in present},
+            self.keep_best,
+            Objective(self.objective_metric, self.objective_mode),
+        )
+        recorded = getattr(self.sink, "newest_recorded", None)
+        if recorded is not None:
+            keep.add(recorded)
+        for step, path in present.items():
+            if step not in keep:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+    # -- the answer ------------------------------------------------------------------------------
+
+    def verdict(self, returncode: int, stop_reason: str | None) -> CommandResult:
+        step = self.last_step
+        infeasible = read_infeasible(self.s.out_dir / RESULT_FILE)
+        if infeasible is not None:
+            return CommandResult("infeasible", infeasible, step)
+        if stop_reason == "stop":
+            return CommandResult("stopped", "stopped on request", step)
+        if stop_reason == "silent":
+            return CommandResult(
+                "error",
+                f"the command wrote no metric point and no checkpoint for {self.s.silence_timeout_seconds:g} s "
+                f"(trainer.silence_timeout_seconds), so it was stopped{self._stderr_tail()}",
+                step,
+            )
+        if returncode == 0:
+            if self.sink is not None and self.points == 0:
+                # Retrying cannot help: the script does not follow the file protocol.
+                return CommandResult(
+                    "config",
+                    f"the command exited with status 0 but wrote no metric point to $HPO_OUT_DIR/{METRICS_FILE} "
+                    f"(see docs/scripts.md){self._stderr_tail()}",
+                    step,
+                )
+            return CommandResult("completed", "", step)
+        return CommandResult("error", f"the command {describe_exit(returncode)}{self._stderr_tail()}", step)
+
+    def _stderr_tail(self) -> str:
+        lines = stderr_tail(self.s.out_dir / STDERR_FILE)
+        return f"; last lines of its stderr:\n{lines}" if lines else ""
+
+
+def read_infeasible(path: Path) -> str | None:
+    """The reason in `result.json` when it says `{"status": "infeasible"}`, else None."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(raw, dict) and raw.get("status") == "infeasible":
+        return str(raw.get("reason") or "the script reported the point infeasible")[:8000]
+    return None
+
+
+def stderr_tail(path: Path, lines: int = STDERR_TAIL_LINES, limit: int = 8000) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - 64 * 1024))
+            data = handle.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace").rstrip()
+    return "\n".join(text.splitlines()[-lines:])[-limit:]
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with status {returncode}"
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def node_niceness() -> int | None:
+    """The scheduling priority of this node's raylet. Ray runs its worker processes at niceness 15
+    so that its control plane stays responsive; a user's script should run as it would by hand, so
+    on a busy node it gets the CPU share of the raylet's priority (on a loaded 2-core machine, a
+    script at niceness 15 ran at half its speed by hand). None outside Ray."""
+    raylet = os.environ.get("RAY_RAYLET_PID")
+    if not raylet:
+        return None
+    try:
+        return os.getpriority(os.PRIO_PROCESS, int(raylet))
+    except (OSError, ValueError):
+        return None
+
+
+def _child_setup(niceness: int | None) -> None:
+    """In the child before exec: SIGKILL when the process that started it dies (Linux), and the
+    node's niceness where the worker may set it (raising a priority needs the right to)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if niceness is not None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
