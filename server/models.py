@@ -173,3 +173,14 @@ class Checkpoint(Base):
     uri: Mapped[str] = mapped_column(Text)
     objective: Mapped[float | None] = mapped_column(Double)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Note(Base):
+    """A person's note in the dashboard, on a study (`trial_id` 0) or on one of its trials."""
+
+    __tablename__ = "notes"
+
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    body: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
