@@ -13,7 +13,8 @@ from starlette.concurrency import run_in_threadpool
 from hpo.settings import Settings
 
 from . import leases
-from .api import analysis, dashboard, errors, health, studies, trials, workers
+from .api import analysis, charts, dashboard, errors, health, studies, trials, workers
+from .api.html_errors import HtmlErrors
 from .api.middleware import BearerToken, BodyLimit
 from .db import Database
 
@@ -35,13 +36,16 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
             reaper.cancel()
             db.dispose()
 
-    app = FastAPI(title="hpo", version="0.1.0", lifespan=lifespan)
+    # The API docs are served by the dashboard router from assets in our own packages (offline).
+    app = FastAPI(title="hpo", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.db = db
     app.state.settings = settings
     errors.install(app)
-    for router in (health.router, studies.router, trials.router, workers.router, analysis.router, dashboard.router):
+    routers = (health, studies, trials, workers, analysis, charts, dashboard)
+    for router in (module.router for module in routers):
         app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HtmlErrors)
     if settings.api_token:
         app.add_middleware(BearerToken, token=settings.api_token)
     return app
