@@ -9,8 +9,10 @@ trial cannot flatten the rest (playbook, "Examining the training curves")."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -44,6 +46,7 @@ CHART_KINDS = (
 )
 CURVE_POINTS = 60  # points per curve after downsampling: enough for the shape, cheap for 1,000 curves
 MAX_CURVES = 5000
+PARALLEL_LINES = 1000
 STALL_SECONDS = 300.0  # nothing started or finished for this long while trials wait: say so
 _FINISHED = ("completed", "infeasible", "failed", "cancelled")
 
@@ -51,14 +54,87 @@ _FINISHED = ("completed", "infeasible", "failed", "cancelled")
 def chart(db: Database, study_id: int, kind: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The data of chart `kind` of a study. Raises `NotFound` for an unknown study or kind and
     `InvalidInput` for options that name nothing in the study."""
+    return json.loads(chart_json(db, study_id, kind, options))
+
+
+def chart_json(db: Database, study_id: int, kind: str, options: Mapping[str, Any] | None = None) -> bytes:
+    """`chart(...)` as JSON bytes, from the cache while the study has not changed (see `cached`)."""
     if kind not in _CHARTS:
         raise NotFound(f"no chart {kind!r}; charts: {', '.join(CHART_KINDS)}")
+    opts = dict(options or {})
+    if kind == "progress":  # the cheap poll: always fresh
+        return dumps(_load(db, study_id, kind, opts))
+    key = (kind, tuple(sorted((k, str(v)) for k, v in opts.items())))
+    return cached(db, study_id, key, lambda: dumps(_load(db, study_id, kind, opts)))
+
+
+def _load(db: Database, study_id: int, kind: str, options: dict[str, Any]) -> dict[str, Any]:
     if kind in _FROM_PLOTDATA:
-        return json_safe(_FROM_PLOTDATA[kind](db, study_id, dict(options or {})))
+        return _FROM_PLOTDATA[kind](db, study_id, options)
     with db.transaction() as session:
         study = queries.study_info(session, study_id)
         base = {"kind": kind, "study": study.name, "metric": study.metric, "mode": study.mode}
-        return json_safe({**base, **_CHARTS[kind](session, study, dict(options or {}))})
+        return {**base, **_CHARTS[kind](session, study, options)}
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON; non-finite floats become null (the slow walk only when there is one)."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), default=_plain).encode()
+    except ValueError:
+        return json.dumps(json_safe(value), separators=(",", ":"), default=_plain).encode()
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+# --- the cache ----------------------------------------------------------------------------------
+# A study's charts change only when a trial starts, finishes or is added, or while one runs (its
+# curves grow). Answers are kept per study, chart and options, keyed by a one-row version query,
+# and reused while the version holds (at most CACHE_LIVE_SECONDS while a trial runs): repeated
+# page loads and the live page's redraws cost one indexed query.
+
+CACHE_LIVE_SECONDS = 5.0
+_CACHE_SIZE = 48
+_CACHE: dict[tuple[int, Any], tuple[tuple[Any, ...], float, Any]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def study_version(db: Database, study_id: int) -> tuple[Any, ...]:
+    """(trials, running, newest start, newest finish, sum of attempts) of a study: changes whenever
+    anything a chart shows may have changed, except a running trial's new points."""
+    with db.transaction() as session:
+        row = session.execute(
+            text(
+                "SELECT count(*), sum(CASE WHEN status = 'running' THEN 1 ELSE 0 END), max(started_at), "
+                "max(finished_at), sum(attempt) FROM trials WHERE study_id = :id"
+            ),
+            {"id": study_id},
+        ).one()
+    return tuple(str(v) for v in row)
+
+
+def cached(db: Database, study_id: int, key: Any, compute: Callable[[], Any]) -> Any:
+    """`compute()`, or the answer it gave while the study's version was the same."""
+    version = study_version(db, study_id)
+    running = version[1] not in ("0", "None")
+    with _CACHE_LOCK:
+        hit = _CACHE.get((study_id, key))
+    if hit is not None and hit[0] == version and not (running and time.monotonic() - hit[1] > CACHE_LIVE_SECONDS):
+        return hit[2]
+    value = compute()
+    with _CACHE_LOCK:
+        if len(_CACHE) >= _CACHE_SIZE:
+            del _CACHE[min(_CACHE, key=lambda k: _CACHE[k][1])]
+        _CACHE[(study_id, key)] = (version, time.monotonic(), value)
+    return value
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -69,6 +145,11 @@ def hover(t: TrialSummary, metric: str) -> str:
     params = ", ".join(f"{k}={fmt(v)}" for k, v in t.params.items())
     value = f"{metric} = {fmt(t.objective)}" if t.feasible else t.status + (f" ({t.fail_kind})" if t.fail_kind else "")
     return f"trial {t.id} (no. {t.number})<br>{params}<br>{value}"
+
+
+def hovers(trials: Sequence[TrialSummary], metric: str) -> dict[str, str]:
+    """Hover text by trial id, sent once per chart (the points carry only ids)."""
+    return {str(t.id): hover(t, metric) for t in trials}
 
 
 def _originals(session: Session, study_id: int) -> list[TrialSummary]:
@@ -198,27 +279,29 @@ def _history(session: Session, study: queries.StudyInfo, _options: dict[str, Any
     worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
     series: dict[str, dict[str, Any]] = {}
     for t in feasible:
-        s = series.setdefault(t.arm_key, {"name": arm_label(t.arm), "x": [], "y": [], "ids": [], "text": []})
+        s = series.setdefault(t.arm_key, {"name": arm_label(t.arm), "x": [], "y": [], "ids": []})
         s["x"].append(t.number)
         s["y"].append(t.objective)
         s["ids"].append(t.id)
-        s["text"].append(hover(t, study.metric))
     bad = [t for t in trials if t.infeasible]
     best_x, best_y, best = [], [], None
-    for t in sorted(feasible, key=lambda t: t.number):
+    for t in sorted(feasible, key=lambda t: t.number):  # only where the best changes (drawn as steps)
         if best is None or sign * float(t.objective or 0.0) < sign * best:
             best = float(t.objective or 0.0)
-        best_x.append(t.number)
-        best_y.append(best)
+            best_x.append(t.number)
+            best_y.append(best)
+    if best_x and trials and trials[-1].number > best_x[-1]:
+        best_x.append(trials[-1].number)
+        best_y.append(best_y[-1])
     return {
         "series": list(series.values()),
         "infeasible": {
             "x": [t.number for t in bad],
             "y": [worst] * len(bad),
             "ids": [t.id for t in bad],
-            "text": [hover(t, study.metric) for t in bad],
         },
         "best": {"x": best_x, "y": best_y},
+        "text": hovers(trials, study.metric),
         "n_feasible": len(feasible),
         "n_trials": len(trials),
     }
@@ -240,11 +323,10 @@ def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) 
         worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
         series: dict[str, dict[str, Any]] = {}
         for t in feasible:
-            s = series.setdefault(t.arm_key, {"name": arm_label(t.arm), "x": [], "y": [], "ids": [], "text": []})
+            s = series.setdefault(t.arm_key, {"name": arm_label(t.arm), "x": [], "y": [], "ids": []})
             s["x"].append(t.params[dim.name])
             s["y"].append(t.objective)
             s["ids"].append(t.id)
-            s["text"].append(hover(t, study.metric))
         bad = [t for t in mine if t.infeasible]
         panels.append(
             {
@@ -260,11 +342,10 @@ def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) 
                     "x": [t.params[dim.name] for t in bad],
                     "y": [worst] * len(bad),
                     "ids": [t.id for t in bad],
-                    "text": [hover(t, study.metric) for t in bad],
                 },
             }
         )
-    return {"panels": panels, "n_trials": len(trials)}
+    return {"panels": panels, "n_trials": len(trials), "text": hovers(trials, study.metric)}
 
 
 # --- parallel coordinates ---------------------------------------------------------------------
@@ -273,7 +354,9 @@ def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) 
 def _parallel(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
     """Feasible trials as lines through one axis per varied hyperparameter and the objective; log
     scales as log10 with readable ticks, categories as indices with their names."""
-    trials = [t for t in _originals(session, study.id) if t.feasible]
+    feasible = [t for t in _originals(session, study.id) if t.feasible]
+    # Each line costs the browser's WebGL; past PARALLEL_LINES, the best ones (where the questions are)
+    trials = sorted(feasible, key=lambda t: _sign(study) * float(t.objective or 0.0))[:PARALLEL_LINES]
     dims = [d for d in dimensions(study.spec) if d.role != "fixed" and not d.when]
     axes = []
     for dim in dims:
@@ -305,7 +388,13 @@ def _parallel(session: Session, study: queries.StudyInfo, _options: dict[str, An
         else:
             axes.append({"label": dim.name, "values": values, "range": _bounds(dim)})
     axes.append({"label": study.metric, "values": [t.objective for t in trials]})
-    return {"axes": axes, "ids": [t.id for t in trials], "color": [t.objective for t in trials], "n": len(trials)}
+    return {
+        "axes": axes,
+        "ids": [t.id for t in trials],
+        "color": [t.objective for t in trials],
+        "n": len(trials),
+        "n_feasible": len(feasible),
+    }
 
 
 # --- contour ----------------------------------------------------------------------------------
@@ -329,13 +418,14 @@ def _contour(session: Session, study: queries.StudyInfo, options: dict[str, Any]
     xs = np.array([float(t.params[x_name]) for t in trials])
     ys = np.array([float(t.params[y_name]) for t in trials])
     zs = np.array([float(t.objective or 0.0) for t in trials])
-    points = {"x": xs.tolist(), "y": ys.tolist(), "ids": [t.id for t in trials], "text": [hover(t, study.metric) for t in trials]}
+    points = {"x": xs.tolist(), "y": ys.tolist(), "ids": [t.id for t in trials]}
     grid = _grid(xs, ys, zs, dx.scale == "log", dy.scale == "log") if len(trials) >= 4 else None
     return {
         **base,
         "x_type": _axis_type(dx),
         "y_type": _axis_type(dy),
         "points": points,
+        "text": hovers(trials, study.metric),
         "grid": grid,
         "message": None if grid else "fewer than 4 completed trials with both hyperparameters",
     }

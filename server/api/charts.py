@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Response
 from pydantic import BaseModel, Field
 
 from .. import charts, notes
@@ -41,7 +41,7 @@ class NoteOut(BaseModel):
     updated_at: str | None
 
 
-@router.get("/studies/{study_id}/charts/{kind}")
+@router.get("/studies/{study_id}/charts/{kind}", response_class=Response, responses={200: {"content": {"application/json": {}}}})
 def get_chart(
     db: DatabaseDep,
     study_id: StudyId,
@@ -52,10 +52,11 @@ def get_chart(
     arm: str | None = Query(None, max_length=500, description="curves: only this arm (its label)"),
     x: str | None = Query(None, max_length=200, description="contour: the x hyperparameter"),
     y: str | None = Query(None, max_length=200, description="contour: the y hyperparameter"),
-) -> dict[str, Any]:
+) -> Response:
     """The data of one dashboard chart; hover texts name each point's trial and `ids` its trial id."""
     options = {"metric": metric, "limit": limit, "points": points, "arm": arm, "x": x, "y": y}
-    return charts.chart(db, study_id, kind, options)
+    body = charts.chart_json(db, study_id, kind, options)
+    return Response(body, media_type="application/json", headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/studies/{study_id}/table")
@@ -74,7 +75,7 @@ def get_table(
 ) -> dict[str, Any]:
     """A page of the study's trial table, sorted and filtered on the server."""
     query = TableQuery(sort, desc, tuple(status), arm, parse_param_filters(param), offset, limit)
-    table = trial_table(db, study_id, query)
+    table = dict(charts.cached(db, study_id, ("table", query), lambda: trial_table(db, study_id, query)))
     table["notes"] = {str(k): v for k, v in notes.study_notes(db, study_id).items()}
     return table
 

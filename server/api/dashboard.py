@@ -22,7 +22,7 @@ from .. import notes, studies, trials
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import analyze_study
 from ..analysis.tracking import tracking_rows
-from ..charts import best_per_arm
+from ..charts import best_per_arm, cached
 from ..errors import InvalidInput, NotFound
 from ..schemas import TrialCounts
 from .deps import DatabaseDep, SettingsDep, StudyId, TrialId
@@ -60,7 +60,7 @@ def index(db: DatabaseDep, request: Request) -> HTMLResponse:
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
 def study_page(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
     study = studies.get_study(db, study_id)
-    analysis = analyze_study(db, study_id)
+    analysis = cached(db, study_id, "analysis", lambda: analyze_study(db, study_id))
     counts = study.trial_counts
     finished = counts.completed + counts.infeasible + counts.failed + counts.cancelled
     return _page(

@@ -54,7 +54,9 @@
       if (t.x && t.type !== "contour" && t.type !== "heatmap") points += t.x.filter(function (v) { return v !== null; }).length;
       if (t.type === "parcoords" && t.dimensions && t.dimensions.length) points += t.dimensions[0].values.length;
     });
+    var t0 = performance.now();
     return Plotly.react(el, traces, layout, hpo.config(name)).then(function () {
+      el.dataset.drawMs = String(Math.round(performance.now() - t0));
       if (first) {
         el.on("plotly_click", function (ev) {
           var p = ev && ev.points && ev.points[0];
@@ -88,13 +90,18 @@
   };
 
   // Counts settled charts on <body data-charts-settled="N">, for tests and for the timing bench.
+  // Charts draw when scrolled near (data-requested); "ready" once every requested one has drawn.
   hpo.settled = function () {
     var all = document.querySelectorAll("[data-chart]");
-    var done = 0;
-    all.forEach(function (c) { if (c.dataset.rendered) done += 1; });
+    var done = 0, requested = 0;
+    all.forEach(function (c) {
+      if (c.dataset.onDemand && !c.dataset.requested) return;
+      if (c.dataset.rendered) done += 1;
+      if (c.dataset.requested || c.dataset.rendered) requested += 1;
+    });
     document.body.dataset.chartsSettled = String(done);
-    document.body.dataset.chartsTotal = String(all.length);
-    if (done === all.length && !document.body.dataset.chartsReadyAt) {
+    document.body.dataset.chartsTotal = String(Array.prototype.filter.call(all, function (c) { return !c.dataset.onDemand || c.dataset.requested; }).length);
+    if (requested && done === requested && !document.body.dataset.chartsReadyAt) {
       document.body.dataset.chartsReadyAt = String(Math.round(performance.now()));
     }
   };
