@@ -17,7 +17,7 @@
   // them without freezing the page.
   // (measured on a 5,000-trial study: one SVG chart of 5,000 points draws faster than starting
   // WebGL without a GPU, three panels of 5,000 do not).
-  function scatterType(n, limit) { return n > (limit || 10000) ? "scattergl" : "scatter"; }
+  function scatterType(n, limit) { return n > (limit === null || limit === undefined ? 10000 : limit) ? "scattergl" : "scatter"; }
 
   function withText(s, texts) { s.text = s.ids.map(function (i) { return texts[i]; }); return s; }
 
