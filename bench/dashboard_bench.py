@@ -122,7 +122,7 @@ def browser(base: str, study_id: int, runs: int) -> dict[str, Any]:
             # scroll to every chart in turn (they draw when they come near the viewport)
             driver.execute_script("window.__longTasks = [];")
             kinds = driver.execute_script(
-                "return Array.from(document.querySelectorAll('[data-chart]')).map(function (e) { return e.dataset.chart; })"
+                "return Array.from(document.querySelectorAll('[data-chart]')).map(e => e.dataset.chart)"
             )
             on_demand = []
             for kind in kinds:
@@ -158,7 +158,8 @@ def browser(base: str, study_id: int, runs: int) -> dict[str, Any]:
             input.value = "1000";
             input.dispatchEvent(new Event("change"));
             (function wait() {
-              if (box.dataset.points) done([performance.now() - t0, Math.max.apply(null, [0].concat(window.__longTasks)),
+              var longest = Math.max.apply(null, [0].concat(window.__longTasks));
+              if (box.dataset.points) done([performance.now() - t0, longest,
                                             Number(box.dataset.points)]);
               else setTimeout(wait, 20);
             })();
@@ -205,7 +206,10 @@ def main() -> None:
         if study_id is None:
             study_id = build_study(db, args.trials, args.evals)
         db.dispose()
-        print(f"study of {args.trials} trials x {args.evals} evaluations x 3 metrics ready in {time.perf_counter() - start:.0f} s")
+        print(
+            f"study of {args.trials} trials x {args.evals} evaluations x 3 metrics ready"
+            f" in {time.perf_counter() - start:.0f} s"
+        )
         port = free_port()
         server = start_server(url, port)
         base = f"http://127.0.0.1:{port}"

@@ -651,7 +651,16 @@ def _grad_norm(db: Database, study_id: int, _options: dict[str, Any]) -> dict[st
         curve = e.get("curve")
         steps, values = _thin(curve.steps, curve.values) if curve is not None and len(curve) else ([], [])
         clip = (clips.get(e["trial_id"]) or {}).get("grad_clip_norm")
-        entries.append({"id": e["trial_id"], "label": e["label"], "p90": e.get("p90"), "clip": clip, "steps": steps, "values": values})
+        entries.append(
+            {
+                "id": e["trial_id"],
+                "label": e["label"],
+                "p90": e.get("p90"),
+                "clip": clip,
+                "steps": steps,
+                "values": values,
+            }
+        )
     return {"kind": "grad_norm", "study": data["study"], "metric": data["metric"], "entries": entries}
 
 
@@ -682,7 +691,13 @@ def _isolation(db: Database, study_id: int, _options: dict[str, Any]) -> dict[st
                 "ids": [p["trial_id"] for p in points],
             }
         )
-    return {"kind": "isolation", "study": data["study"], "metric": data["metric"], "mode": data["mode"], "series": series}
+    return {
+        "kind": "isolation",
+        "study": data["study"],
+        "metric": data["metric"],
+        "mode": data["mode"],
+        "series": series,
+    }
 
 
 def _best_steps(db: Database, study_id: int, _options: dict[str, Any]) -> dict[str, Any]:

@@ -81,7 +81,11 @@ def parse_param_filters(raw: Sequence[str]) -> tuple[ParamRange, ...]:
 
 def trial_table(db: Database, study_id: int, query: TableQuery) -> dict[str, Any]:
     """`{total, filtered, offset, limit, rows: [...], params: [names], arms: [labels]}`."""
-    errors = [FieldError("status", f"unknown status {s!r}; one of {list(STATUSES)}") for s in query.statuses if s not in STATUSES]
+    errors = [
+        FieldError("status", f"unknown status {s!r}; one of {list(STATUSES)}")
+        for s in query.statuses
+        if s not in STATUSES
+    ]
     if query.sort not in SORT_KEYS:
         errors.append(FieldError("sort", f"unknown sort key {query.sort!r}; one of {list(SORT_KEYS)}"))
     if errors:
@@ -91,7 +95,9 @@ def trial_table(db: Database, study_id: int, query: TableQuery) -> dict[str, Any
         trials = queries.trial_summaries(session, study_id)
         times = {
             r.id: (r.started_at, r.finished_at)
-            for r in session.execute(select(Trial.id, Trial.started_at, Trial.finished_at).where(Trial.study_id == study_id))
+            for r in session.execute(
+                select(Trial.id, Trial.started_at, Trial.finished_at).where(Trial.study_id == study_id)
+            )
         }
     names = sorted({k for t in trials for k in t.params})
     arms = sorted({arm_label(t.arm) for t in trials})

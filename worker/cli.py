@@ -56,7 +56,10 @@ def _register_worker(subparsers: Any) -> None:
         help="training function with hpo.trainer's contract, importable on every node",
     )
     parser.add_argument("--no-warm-up", action="store_true", help="do not pre-start Ray worker processes")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log everything (HTTP requests, Ray, the trials' own output)"
+    )
+    parser.add_argument("--log-level", default="info", help="the level of -v's logs (default info)")
     parser.set_defaults(handler=_run_worker)
 
 
@@ -79,10 +82,12 @@ def _run_worker(args: argparse.Namespace) -> int:
 
     if not args.server:
         raise CliError("--server URL is required (or set HPO_SERVER_URL)")
-    _logging(args.log_level)
+    from .console import TrialLines, quiet_logging
+
+    quiet_logging(args.verbose, args.log_level)
     from .loop import Worker
 
-    return Worker(_worker_options(args)).run()
+    return Worker(_worker_options(args), lines=TrialLines()).run()
 
 
 def _worker_options(args: argparse.Namespace) -> Any:
@@ -114,6 +119,7 @@ def _worker_options(args: argparse.Namespace) -> Any:
         exit_when_idle_seconds=args.exit_when_idle,
         warm_up=not args.no_warm_up,
         trainer=args.trainer,
+        log_to_driver=bool(getattr(args, "verbose", False)),  # the trials' own output only with -v
     )
 
 
@@ -122,8 +128,3 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     return run_demo(args)
 
-
-def _logging(level: str) -> None:
-    import logging
-
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -33,6 +33,7 @@ import ray
 
 from .capacity import Capacity, Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
+from .console import TrialLines
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import create_board, launch, outcome_of_exception
 from .runs import STOP_LEASE_LOST, STOP_PREEMPTED, STOP_REQUESTED, JobSettings, Run, build_job
@@ -84,8 +85,11 @@ class WorkerStats:
 class Worker:
     """`Worker(options).run()` claims and runs trials until a signal (or `until()`) says stop."""
 
-    def __init__(self, options: WorkerOptions, client: ServerClient | None = None) -> None:
+    def __init__(
+        self, options: WorkerOptions, client: ServerClient | None = None, lines: TrialLines | None = None
+    ) -> None:
         self.options = options
+        self.lines = lines  # `hpo worker`'s one line per trial start and end
         self.client = client or ServerClient(options.server_url, options.token)
         self.stats = WorkerStats()
         self._runs: dict[int, Run] = {}
@@ -169,6 +173,8 @@ class Worker:
             if run.outcome is not None and now >= run.next_try and run.try_finish(self.client):
                 del self._runs[trial_id]
                 self.stats.finished += 1
+                if self.lines is not None:
+                    self.lines.finished(trial_id, self.client)
                 self._idle_since = now
 
     def _heartbeat(self) -> None:
@@ -228,6 +234,8 @@ class Worker:
             run.outcome = outcome_of_exception(exc)
         self._runs[job.trial_id] = run
         self.stats.claimed += 1
+        if self.lines is not None:
+            self.lines.started(claim)
         self.stats.max_running = max(self.stats.max_running, sum(r.outcome is None for r in self._runs.values()))
         resumed = job.config["trainer"].get("resume_from")
         _log.info(

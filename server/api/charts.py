@@ -41,7 +41,9 @@ class NoteOut(BaseModel):
     updated_at: str | None
 
 
-@router.get("/studies/{study_id}/charts/{kind}", response_class=Response, responses={200: {"content": {"application/json": {}}}})
+@router.get(
+    "/studies/{study_id}/charts/{kind}", response_class=Response, responses={200: {"content": {"application/json": {}}}}
+)
 def get_chart(
     db: DatabaseDep,
     study_id: StudyId,
@@ -81,9 +83,7 @@ def get_table(
 
 
 @router.get("/trials/{trial_id}/curves")
-def get_trial_curves(
-    db: DatabaseDep, trial_id: TrialId, points: int = Query(400, ge=2, le=5000)
-) -> dict[str, Any]:
+def get_trial_curves(db: DatabaseDep, trial_id: TrialId, points: int = Query(400, ge=2, le=5000)) -> dict[str, Any]:
     """Every metric of one trial, downsampled, with robust y ranges (log-y for losses)."""
     return charts.trial_curves(db, trial_id, points)
 

@@ -10,7 +10,7 @@ import json
 import math
 import shlex
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +104,7 @@ def trial_page(db: DatabaseDep, settings: SettingsDep, request: Request, trial_i
 
 
 @router.get("/compare", response_class=HTMLResponse)
-def compare_page(
-    db: DatabaseDep, studies_param: str = Query("", alias="studies", max_length=200)
-) -> HTMLResponse:
+def compare_page(db: DatabaseDep, studies_param: str = Query("", alias="studies", max_length=200)) -> HTMLResponse:
     """Two or more studies side by side: best trial per arm and the best trials' curves."""
     all_studies = studies.list_studies(db, limit=10_000).items
     ids: list[int] = []
@@ -139,7 +137,7 @@ _VENDOR = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def vendor_file(name: str) -> bytes:
     """The bytes of a vendored asset, read once per process."""
     import importlib.util

@@ -97,7 +97,9 @@ def errors(browser: Any) -> list[str]:
 def draw_every_chart(browser: Any) -> dict[str, dict[str, str]]:
     """Scrolls each chart into view (they draw when seen), asks for the on-request ones, and
     answers every chart's data attributes once all have drawn."""
-    kinds = browser.execute_script("return Array.from(document.querySelectorAll('[data-chart]')).map(e => e.dataset.chart)")
+    kinds = browser.execute_script(
+        "return Array.from(document.querySelectorAll('[data-chart]')).map(e => e.dataset.chart)"
+    )
     for kind in kinds:
         box = f"document.querySelector('[data-chart=\"{kind}\"]')"
         browser.execute_script(f"{box}.scrollIntoView()")
@@ -105,7 +107,8 @@ def draw_every_chart(browser: Any) -> dict[str, dict[str, str]]:
             browser.execute_script(f"{box}.querySelector('[data-draw]').click()")
         wait(browser, f"return {box}.dataset.rendered")
     return browser.execute_script(
-        "var o = {}; document.querySelectorAll('[data-chart]').forEach(e => o[e.dataset.chart] = Object.assign({}, e.dataset));"
+        "var o = {}; document.querySelectorAll('[data-chart]')"
+        ".forEach(e => o[e.dataset.chart] = Object.assign({}, e.dataset));"
         " return o;"
     )
 
@@ -190,7 +193,9 @@ def test_live_page_follows_a_running_study(site: dict, driver: Any) -> None:
     run_pending(client, valley(0.5))
     wait(driver, "return document.querySelector('[data-count=\"completed\"]').textContent === '2'", 15)
     # the history chart redraws with both trials, without a reload
-    wait(driver, "return document.querySelectorAll('[data-chart=\"history\"] .scatterlayer path.point').length === 2", 20)
+    wait(
+        driver, "return document.querySelectorAll('[data-chart=\"history\"] .scatterlayer path.point').length === 2", 20
+    )
     assert "All trials finished." in driver.find_element("id", "progress-eta").text
     assert analysis(client, study["id"])["trial_counts"]["completed"] == 2
     assert errors(driver) == []
