@@ -358,7 +358,7 @@ def _parallel(session: Session, study: queries.StudyInfo, _options: dict[str, An
     # Each line costs the browser's WebGL; past PARALLEL_LINES, the best ones (where the questions are)
     trials = sorted(feasible, key=lambda t: _sign(study) * float(t.objective or 0.0))[:PARALLEL_LINES]
     dims = [d for d in dimensions(study.spec) if d.role != "fixed" and not d.when]
-    axes = []
+    axes: list[dict[str, Any]] = []
     for dim in dims:
         values = [t.params.get(dim.name) for t in trials]
         if dim.type == "categorical" or (dim.type == "discrete" and dim.role == "scientific"):
@@ -558,7 +558,7 @@ def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any])
     horizon = horizon_of(session, study) or 1.0
     width = max(1, math.ceil(horizon / max(points, 2)))
     raw = downsampled(session, [t.id for t in chosen], metric, width)
-    curves = []
+    curves: list[dict[str, Any]] = []
     for rank, t in enumerate(chosen, start=1):
         steps, values = raw.get(t.id, ([], []))
         if not steps:
@@ -645,7 +645,8 @@ def _grad_norm(db: Database, study_id: int, _options: dict[str, Any]) -> dict[st
     data = plot_data(db, study_id, "grad_norm")
     with db.transaction() as session:
         ids = [int(e["trial_id"]) for e in data["entries"]]
-        clips = dict(session.execute(select(Trial.id, Trial.params).where(Trial.id.in_(ids))).all()) if ids else {}
+        rows = session.execute(select(Trial.id, Trial.params).where(Trial.id.in_(ids))).all() if ids else []
+        clips: dict[int, Any] = {r.id: r.params for r in rows}
     entries = []
     for e in data["entries"]:
         curve = e.get("curve")

@@ -106,7 +106,11 @@
         text: text, hovertemplate: HOVER, name: s.param, marker: { size: 10, color: hpo.COLORS[0] },
         error_y: { type: "data", array: s.std.map(function (v) { return v || 0; }), visible: true, thickness: 1.5, width: 6 } };
       var title = s.param + (s.label && s.label !== "all trials" ? " (" + s.label + ")" : "");
-      return { traces: [trace], name: "isolation", layout: hpo.layout({ height: 320, showlegend: false,
+      // Without replicas nothing says how big a gap noise makes: say so rather than zoom into it.
+      var unknown = s.std.every(function (v) { return v === null; });
+      var notes = unknown ? [{ text: "no replicas: trial variance unknown, a small gap may be noise", xref: "paper", yref: "paper",
+        x: 0, y: 1.06, showarrow: false, xanchor: "left", font: { size: 11, color: "#a15c00" } }] : [];
+      return { traces: [trace], name: "isolation", layout: hpo.layout({ height: 320, showlegend: false, annotations: notes,
         xaxis: { title: { text: title }, type: s.kind === "arms" ? "category" : "linear", automargin: true },
         yaxis: { title: { text: "best " + metric }, automargin: true } }) };
     });
