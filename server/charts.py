@@ -455,7 +455,7 @@ def _grid(xs: np.ndarray, ys: np.ndarray, zs: np.ndarray, xlog: bool, ylog: bool
 _IMPORTANCE_CACHE: dict[tuple[int, str], dict[str, Any]] = {}
 _IMPORTANCE_LOCK = threading.Lock()
 IMPORTANCE_METHOD = (
-    "permutation importance of a random forest (scikit-learn RandomForestRegressor, 64 trees): how much the "
+    "permutation importance of a random forest (scikit-learn RandomForestRegressor, 32 trees): how much the "
     "forest's R² drops when one hyperparameter's values are shuffled"
 )
 
@@ -478,7 +478,7 @@ def _importance(session: Session, study: queries.StudyInfo, _options: dict[str, 
     return answer
 
 
-def importance(dims: Sequence[Dimension], trials: Sequence[TrialSummary], max_rows: int = 2000) -> dict[str, Any]:
+def importance(dims: Sequence[Dimension], trials: Sequence[TrialSummary], max_rows: int = 1000) -> dict[str, Any]:
     """`{method, n, params: [{name, importance, std}]}`, most important first; importances are the
     mean drop in R² (clipped at 0) over 5 shuffles. Needs 8 completed trials."""
     base: dict[str, Any] = {"method": IMPORTANCE_METHOD, "n": len(trials), "params": []}
@@ -503,8 +503,8 @@ def importance(dims: Sequence[Dimension], trials: Sequence[TrialSummary], max_ro
             columns.append([math.log10(v) if dim.scale == "log" and v > 0 else v for v in values])
     x = np.nan_to_num(np.array(columns).T, nan=-1.0)
     y = np.array([float(t.objective or 0.0) for t in rows])
-    forest = RandomForestRegressor(n_estimators=64, min_samples_leaf=2, random_state=0, n_jobs=1).fit(x, y)
-    sample = rng.choice(len(rows), min(len(rows), 500), replace=False)
+    forest = RandomForestRegressor(n_estimators=32, min_samples_leaf=2, random_state=0, n_jobs=1).fit(x, y)
+    sample = rng.choice(len(rows), min(len(rows), 300), replace=False)
     result = permutation_importance(forest, x[sample], y[sample], n_repeats=5, random_state=0, n_jobs=1)
     params = [
         {"name": name, "importance": max(0.0, float(m)), "std": float(s)}
