@@ -103,7 +103,7 @@ def _plain(value: Any) -> Any:
 
 CACHE_LIVE_SECONDS = 5.0
 _CACHE_SIZE = 48
-_CACHE: dict[tuple[int, Any], tuple[tuple[Any, ...], float, Any]] = {}
+_CACHE: dict[tuple[int, int, Any], tuple[tuple[Any, ...], float, Any]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -126,14 +126,14 @@ def cached(db: Database, study_id: int, key: Any, compute: Callable[[], Any]) ->
     version = study_version(db, study_id)
     running = version[1] not in ("0", "None")
     with _CACHE_LOCK:
-        hit = _CACHE.get((study_id, key))
+        hit = _CACHE.get((id(db), study_id, key))
     if hit is not None and hit[0] == version and not (running and time.monotonic() - hit[1] > CACHE_LIVE_SECONDS):
         return hit[2]
     value = compute()
     with _CACHE_LOCK:
         if len(_CACHE) >= _CACHE_SIZE:
             del _CACHE[min(_CACHE, key=lambda k: _CACHE[k][1])]
-        _CACHE[(study_id, key)] = (version, time.monotonic(), value)
+        _CACHE[(id(db), study_id, key)] = (version, time.monotonic(), value)
     return value
 
 

@@ -256,10 +256,17 @@ def _ci(value: Any) -> str:
     return f"[{fmt(value[0])}, {fmt(value[1])}]"
 
 
+def _arm_name(arm: Any) -> str:
+    """An arm given as its label or as its scientific values."""
+    return arm_label(arm) if isinstance(arm, Mapping) else str(arm)
+
+
 def _params_text(params: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={fmt(v)}" for k, v in params.items())
 
 
 def _page(template: str, **context: Any) -> HTMLResponse:
     page = _ENV.get_template(template)
-    return HTMLResponse(page.render(fmt=_fmt, ci=_ci, arm_text=arm_label, params_text=_params_text, **context))
+    return HTMLResponse(
+        page.render(fmt=_fmt, ci=_ci, arm_text=arm_label, arm_name=_arm_name, params_text=_params_text, **context)
+    )

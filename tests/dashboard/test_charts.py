@@ -180,3 +180,33 @@ def test_plain_helpers() -> None:
     assert eta_seconds([], 6, 400.0) is None and eta_seconds([1.0], 0, 2.0) == 0.0
     (r,) = parse_param_filters(["dropout::0.3"])
     assert r.lo is None and r.hi == 0.3 and r.admits({"dropout": 0.1}) and not r.admits({"dropout": 0.5})
+
+
+def test_study_page_shows_the_analysis_comparison_contract(
+    client: httpx.Client, study: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The analysis' arm comparison (`comparison`, `trial_variance`, per arm `replica_ci`, `rank`)
+    renders when present; until the analysis sends them the page shows dashes (tested above)."""
+    from hpo.server.api import dashboard
+
+    real = dashboard.analyze_study
+
+    def with_comparison(db: object, study_id: int) -> dict:
+        answer = real(db, study_id)  # type: ignore[arg-type]
+        answer["arms"][0].update(rank=1, replica_mean=0.15, replica_std=0.004, replica_ci=[0.141, 0.159], n_replicas=3)
+        answer["comparison"] = {
+            "best_arm": answer["arms"][0]["arm"],
+            "runner_up": answer["arms"][1]["label"],
+            "difference": 0.0049,
+            "ci": [-0.002, 0.011],
+            "verdict": "within_noise",
+            "method": "Welch t interval over replicas",
+        }
+        answer["trial_variance"] = {"measured": True, "eval_noise_std": 0.001, "message": "Trial variance: std 0.004."}
+        return answer
+
+    monkeypatch.setattr(dashboard, "analyze_study", with_comparison)
+    page = client.get(f"/studies/{study['id']}").text
+    assert "are within noise" in page and "95% CI [-0.002, 0.011]" in page and "Welch t interval" in page
+    assert "0.15 ± 0.004" in page and "[0.141, 0.159]" in page and "Trial variance: std 0.004." in page
+    assert "{&#39;" not in page and "{'" not in page, "an arm given as its values is shown as its label"
