@@ -83,9 +83,9 @@ def _run_worker(args: argparse.Namespace) -> int:
     if not args.server:
         raise CliError("--server URL is required (or set HPO_SERVER_URL)")
     from .console import TrialLines, quiet_logging
+    from .loop import Worker  # imports Ray, which sets up its loggers: quiet them after
 
     quiet_logging(args.verbose, args.log_level)
-    from .loop import Worker
 
     return Worker(_worker_options(args), lines=TrialLines()).run()
 

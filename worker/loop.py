@@ -290,7 +290,14 @@ class Worker:
                     "num_gpus": opts.num_gpus,
                     "object_store_memory": opts.object_store_memory,
                 }
-            ray.init(address=opts.ray_address, include_dashboard=False, log_to_driver=opts.log_to_driver, **local)
+            ray.init(
+                address=opts.ray_address,
+                include_dashboard=False,
+                log_to_driver=opts.log_to_driver,
+                # without the trials' output, Ray's own INFO lines are noise too (`hpo worker -v` shows both)
+                logging_level=logging.INFO if opts.log_to_driver else logging.WARNING,
+                **local,
+            )
             self._owns_ray = True
         self._capacity = Capacity(exclusive=self._owns_ray and opts.ray_address is None)
         self._jobs = JobSettings(
