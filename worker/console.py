@@ -33,11 +33,12 @@ class TrialLines:
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.out = out or sys.stdout
-        self._started: dict[int, float] = {}
+        self._started: dict[int, tuple[float, str]] = {}
 
     def started(self, claim: dict[str, Any]) -> None:
         trial_id = int(claim["trial_id"])
-        self._started[trial_id] = time.monotonic()
+        metric = str((claim.get("config", {}).get("objective") or {}).get("metric") or "objective")
+        self._started[trial_id] = (time.monotonic(), metric)
         params = ", ".join(f"{k}={_num(v)}" for k, v in (claim.get("config", {}).get("params") or {}).items())
         attempt = int(claim.get("attempt", 1))
         again = f", attempt {attempt}" if attempt > 1 else ""
@@ -47,7 +48,8 @@ class TrialLines:
 
     def finished(self, trial_id: int, client: Any) -> None:
         """Asks the server how the trial ended (its status and best objective) and prints it."""
-        took = time.monotonic() - self._started.pop(trial_id, time.monotonic())
+        began, metric = self._started.pop(trial_id, (time.monotonic(), "objective"))
+        took = time.monotonic() - began
         try:
             trial = client.get(f"/api/v1/trials/{trial_id}")
         except Exception:  # the line is informative only; the server has the truth
@@ -55,7 +57,7 @@ class TrialLines:
             return
         status = trial.get("status", "?")
         value = trial.get("objective_value")
-        what = f"{status}: objective {_num(value)} at step {trial.get('best_step')}" if value is not None else status
+        what = f"{status}: {metric} {_num(value)} at step {trial.get('best_step')}" if value is not None else status
         if trial.get("error") and status != "completed":
             what += f" ({(trial.get('fail_kind') or 'error')}: {str(trial['error']).splitlines()[-1][:160]})"
         self._print(f"trial {trial_id} {what} after {took:.0f} s")

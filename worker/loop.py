@@ -295,7 +295,7 @@ class Worker:
                 include_dashboard=False,
                 log_to_driver=opts.log_to_driver,
                 # without the trials' output, Ray's own INFO lines are noise too (`hpo worker -v` shows both)
-                logging_level=logging.INFO if opts.log_to_driver else logging.WARNING,
+                logging_level=logging.INFO if opts.log_to_driver else logging.ERROR,
                 **local,
             )
             self._owns_ray = True

@@ -80,7 +80,7 @@ def test_worker_lines_name_the_trial_and_its_objective(client: httpx.Client) -> 
     lines.finished(claim["trial_id"], _Client(client))
     first, last = out.getvalue().splitlines()
     assert first.startswith(f"trial {claim['trial_id']} started (study ") and "learning_rate=" in first
-    assert re.match(rf"trial {claim['trial_id']} completed: objective 0\.\d+ at step \d+ after \d+ s$", last)
+    assert re.match(rf"trial {claim['trial_id']} completed: valid/error_rate 0\.\d+ at step \d+ after \d+ s$", last)
 
 
 class _Client:
