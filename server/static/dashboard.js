@@ -48,6 +48,7 @@
   // Draws (or redraws) a chart and records its point count; clicks open the trial in customdata.
   hpo.draw = function (el, traces, layout, name) {
     el.classList.remove("empty");
+    Array.prototype.forEach.call(el.querySelectorAll(":scope > p.empty"), function (p) { p.remove(); });
     var first = !el.dataset.rendered;
     var points = 0;
     traces.forEach(function (t) {
