@@ -125,6 +125,7 @@ def test_study_page_charts_hover_click_and_filters(site: dict, driver: Any, shot
     assert len(history) == 24
     assert len(driver.find_elements("css selector", '[data-chart="axis"] .scatterlayer path.point')) == 48
     assert charts["parallel"]["points"] == "24" and charts["isolation"]["points"] == "2"
+    assert not driver.find_elements("css selector", '[data-chart="parallel"] p.empty'), "the request note leaves"
     assert errors(driver) == []
 
     from selenium.webdriver.common.action_chains import ActionChains
