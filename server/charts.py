@@ -613,16 +613,9 @@ def trial_curves(db: Database, trial_id: int, points: int = 400) -> dict[str, An
         for name in names:
             steps, values = downsampled(session, [trial_id], name, width).get(trial_id, ([], []))
             log = is_loss(name) and all(v is None or v > 0 for v in values)
-            every = np.array([v for v in values if v is not None], dtype=float)
-            metrics.append(
-                {
-                    "name": name,
-                    "steps": steps,
-                    "values": values,
-                    "log_y": log,
-                    "y_range": robust_range(every, log) if len(every) else None,
-                }
-            )
+            # one trial's own curve: every point in view (robust limits are for many curves)
+            metrics.append({"name": name, "steps": steps, "values": values, "log_y": log, "y_range": None})
+        metrics.sort(key=lambda m: (m["name"] != study.metric, not is_loss(m["name"]), m["name"]))
         clip = (row.params or {}).get("grad_clip_norm")
         return json_safe(
             {
