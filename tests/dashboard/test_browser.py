@@ -176,6 +176,12 @@ def test_empty_study_and_error_page(site: dict, driver: Any, shots: Callable) ->
     assert [e for e in errors(driver) if "404" not in e] == []  # the page's own 404 is the only one
     driver.find_element("link text", "All studies").click()
     wait(driver, "return location.pathname === '/'")
+    driver.get(f"{site['url']}/compare?studies={site['study']['id']},{site['empty']['id']}")
+    wait(driver, "return document.body.dataset.chartsReadyAt")
+    curves = driver.find_elements("css selector", '[data-chart="compare-curves"] .scatterlayer .trace')
+    assert len(curves) == 3, "the planted study's 3 best trials; the empty one has none"
+    assert "nothing-ran" in driver.find_element("id", "compare").text
+    assert errors(driver) == []
     driver.get(f"{site['url']}/docs")
     wait(driver, "return document.querySelector('.swagger-ui .info') !== null")  # rendered offline
     shots(driver, "api-docs")
