@@ -103,22 +103,48 @@ def _plain(value: Any) -> Any:
 
 CACHE_LIVE_SECONDS = 5.0
 _CACHE_SIZE = 48
-_CACHE: dict[tuple[int, int, Any], tuple[tuple[Any, ...], float, Any]] = {}
+_CACHE: dict[tuple[int, int, Any], tuple[tuple[Any, ...], float, Any]] = {}  # (db, study, what)
 _CACHE_LOCK = threading.Lock()
 
 
 def study_version(db: Database, study_id: int) -> tuple[Any, ...]:
-    """(trials, running, newest start, newest finish, sum of attempts) of a study: changes whenever
-    anything a chart shows may have changed, except a running trial's new points."""
+    """(trials, running, newest start, newest finish, sum of attempts, pending) of a study: changes
+    whenever anything a chart shows may have changed, except a running trial's new points."""
     with db.transaction() as session:
-        row = session.execute(
-            text(
-                "SELECT count(*), sum(CASE WHEN status = 'running' THEN 1 ELSE 0 END), max(started_at), "
-                "max(finished_at), sum(attempt) FROM trials WHERE study_id = :id"
-            ),
-            {"id": study_id},
-        ).one()
+        return _version_in(session, study_id)
+
+
+def _version_in(session: Session, study_id: int) -> tuple[Any, ...]:
+    row = session.execute(
+        text(
+            "SELECT count(*), sum(CASE WHEN status = 'running' THEN 1 ELSE 0 END), max(started_at), "
+            "max(finished_at), sum(attempt), sum(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) "
+            "FROM trials WHERE study_id = :id"
+        ),
+        {"id": study_id},
+    ).one()
     return tuple(str(v) for v in row)
+
+
+def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:
+    """`queries.trial_summaries`, shared by the charts of one study version (a page's first load
+    asks for them from half a dozen charts at once)."""
+    version = _version_in(session, study_id)
+    key = (id(session.get_bind()), study_id, "summaries")
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+    if hit is not None and hit[0] == version and version[1] in ("0", "None"):
+        return list(hit[2])
+    value = queries.trial_summaries(session, study_id)
+    with _CACHE_LOCK:
+        _evict()
+        _CACHE[key] = (version, time.monotonic(), value)
+    return list(value)
+
+
+def _evict() -> None:
+    if len(_CACHE) >= _CACHE_SIZE:
+        del _CACHE[min(_CACHE, key=lambda k: _CACHE[k][1])]
 
 
 def cached(db: Database, study_id: int, key: Any, compute: Callable[[], Any]) -> Any:
@@ -131,8 +157,7 @@ def cached(db: Database, study_id: int, key: Any, compute: Callable[[], Any]) ->
         return hit[2]
     value = compute()
     with _CACHE_LOCK:
-        if len(_CACHE) >= _CACHE_SIZE:
-            del _CACHE[min(_CACHE, key=lambda k: _CACHE[k][1])]
+        _evict()
         _CACHE[(id(db), study_id, key)] = (version, time.monotonic(), value)
     return value
 
@@ -153,7 +178,7 @@ def hovers(trials: Sequence[TrialSummary], metric: str) -> dict[str, str]:
 
 
 def _originals(session: Session, study_id: int) -> list[TrialSummary]:
-    return [t for t in queries.trial_summaries(session, study_id) if t.replica_of is None]
+    return [t for t in trial_summaries(session, study_id) if t.replica_of is None]
 
 
 def _sign(study: queries.StudyInfo) -> float:
@@ -549,7 +574,7 @@ def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any])
     limit = int(options.get("limit") or 1000)
     points = int(options.get("points") or CURVE_POINTS)
     sign = _sign(study)
-    trials = [t for t in queries.trial_summaries(session, study.id) if t.status != "pending"]
+    trials = [t for t in trial_summaries(session, study.id) if t.status != "pending"]
     arm = options.get("arm")
     if arm:
         trials = [t for t in trials if arm_label(t.arm) == arm]

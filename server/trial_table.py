@@ -16,6 +16,7 @@ from sqlalchemy import select
 from .analysis import queries
 from .analysis.model import TrialSummary, arm_label
 from .analysis.service import json_safe
+from .charts import trial_summaries
 from .db import Database
 from .errors import FieldError, InvalidInput
 from .models import Trial
@@ -92,7 +93,7 @@ def trial_table(db: Database, study_id: int, query: TableQuery) -> dict[str, Any
         raise InvalidInput(errors)
     with db.transaction() as session:
         study = queries.study_info(session, study_id)
-        trials = queries.trial_summaries(session, study_id)
+        trials = trial_summaries(session, study_id)
         times = {
             r.id: (r.started_at, r.finished_at)
             for r in session.execute(

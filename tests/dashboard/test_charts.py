@@ -210,3 +210,18 @@ def test_study_page_shows_the_analysis_comparison_contract(
     assert "are within noise" in page and "95% CI [-0.002, 0.011]" in page and "Welch t interval" in page
     assert "0.15 ± 0.004" in page and "[0.141, 0.159]" in page and "Trial variance: std 0.004." in page
     assert "{&#39;" not in page and "{'" not in page, "an arm given as its values is shown as its label"
+
+
+def test_cached_answers_follow_every_change(client: httpx.Client) -> None:
+    """Charts and the table are cached per study version: a cancel, a finished trial and new
+    trials each show at once."""
+    sid = create(client, spec("cache", num_trials=3))["id"]
+    table = f"/api/v1/studies/{sid}/table"
+    first = client.get(table).json()["rows"]
+    assert {r["status"] for r in first} == {"pending"} and chart(client, sid, "history")["n_trials"] == 3
+    assert client.post(f"/api/v1/trials/{first[0]['id']}/cancel").status_code == 200
+    assert client.get(table).json()["rows"][0]["status"] == "cancelled"
+    run_pending(client, valley(0.5))
+    assert chart(client, sid, "history")["n_feasible"] == 2
+    assert client.patch(f"/api/v1/studies/{sid}", json={"num_trials": 5}).status_code == 200
+    assert client.get(table).json()["total"] == 5 and chart(client, sid, "history")["n_trials"] == 5
