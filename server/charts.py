@@ -147,6 +147,17 @@ def _evict() -> None:
         del _CACHE[min(_CACHE, key=lambda k: _CACHE[k][1])]
 
 
+def peek(db: Database, study_id: int, key: Any) -> Any:
+    """The cached answer for `key` while it is still valid, else None (computes nothing)."""
+    version = study_version(db, study_id)
+    running = version[1] not in ("0", "None")
+    with _CACHE_LOCK:
+        hit = _CACHE.get((id(db), study_id, key))
+    if hit is not None and hit[0] == version and not (running and time.monotonic() - hit[1] > CACHE_LIVE_SECONDS):
+        return hit[2]
+    return None
+
+
 def cached(db: Database, study_id: int, key: Any, compute: Callable[[], Any]) -> Any:
     """`compute()`, or the answer it gave while the study's version was the same."""
     version = study_version(db, study_id)

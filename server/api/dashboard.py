@@ -22,7 +22,7 @@ from .. import notes, studies, trials
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import analyze_study
 from ..analysis.tracking import tracking_rows
-from ..charts import best_per_arm, cached
+from ..charts import best_per_arm, cached, peek, trial_summaries
 from ..errors import InvalidInput, NotFound
 from ..schemas import TrialCounts
 from .deps import DatabaseDep, SettingsDep, StudyId, TrialId
@@ -59,25 +59,43 @@ def index(db: DatabaseDep, request: Request) -> HTMLResponse:
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
 def study_page(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
+    """The page at once; the analysis' warnings and arm comparison are in it when the analysis of
+    this study version was already computed, else the page fetches them (`analysis-sections`), so
+    a big study's first visit does not wait seconds for the checklist before drawing anything."""
     study = studies.get_study(db, study_id)
-    analysis = cached(db, study_id, "analysis", lambda: analyze_study(db, study_id))
-    counts = study.trial_counts
-    finished = counts.completed + counts.infeasible + counts.failed + counts.cancelled
+    with db.transaction() as session:
+        labels = sorted({arm_label(t.arm) for t in trial_summaries(session, study_id)})
     return _page(
         "study.html",
-        study=study,
-        analysis=analysis,
-        progress=progress(counts),
-        finished=finished,
-        n_completed=counts.completed,
-        live=study.status == "active" and counts.pending + counts.running > 0,
+        **_analysis_context(db, study, peek(db, study_id, "analysis")),
+        progress=progress(study.trial_counts),
         spec_by_role=spec_by_role(study.spec),
         trainer=study.spec.get("trainer") or {},
         report_plots=REPORT_PLOTS,
         note=notes.get_note(db, study_id=study_id),
-        comparison=analysis.get("comparison"),
-        trial_variance=analysis.get("trial_variance"),
+        arm_labels=labels,
     )
+
+
+@router.get("/studies/{study_id}/analysis-sections", response_class=HTMLResponse)
+def study_analysis_sections(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
+    """The study page's warnings and arm comparison, as HTML to insert (see `study_page`)."""
+    study = studies.get_study(db, study_id)
+    analysis = cached(db, study_id, "analysis", lambda: analyze_study(db, study_id))
+    return _page("study_analysis.html", **_analysis_context(db, study, analysis))
+
+
+def _analysis_context(db: Any, study: Any, analysis: dict[str, Any] | None) -> dict[str, Any]:
+    counts = study.trial_counts
+    return {
+        "study": study,
+        "analysis": analysis,
+        "finished": counts.completed + counts.infeasible + counts.failed + counts.cancelled,
+        "n_completed": counts.completed,
+        "live": study.status == "active" and counts.pending + counts.running > 0,
+        "comparison": (analysis or {}).get("comparison"),
+        "trial_variance": (analysis or {}).get("trial_variance"),
+    }
 
 
 @router.get("/trials/{trial_id}", response_class=HTMLResponse)

@@ -421,6 +421,18 @@
     status.className = "status " + p.status;
   }
 
+  // The analysis' sections: in the page when the server had them, fetched otherwise, and
+  // refreshed when a trial starts or finishes.
+  var sections = document.getElementById("analysis-sections");
+  function loadSections() {
+    return fetch(sections.dataset.src, { headers: { Accept: "text/html" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(new Error("HTTP " + r.status)); })
+      .then(function (html) { sections.innerHTML = html; sections.dataset.loaded = "1"; })
+      .catch(function (e) { sections.dataset.loaded = "0"; sections.querySelectorAll("p.empty").forEach(function (p) { p.textContent = "Could not run the checklist: " + e.message; }); });
+  }
+  if (sections && sections.dataset.pending) loadSections();
+  else if (sections) sections.dataset.loaded = "1";
+
   function poll() {
     return hpo.getJSON(api + "/charts/progress").then(function (p) {
       showProgress(p);
@@ -429,6 +441,7 @@
         lastRedraw = Date.now();
         loadAll();
         loadTable();
+        if (sections) loadSections();
       }
       version = p.version;
       root.dataset.live = p.counts.pending + p.counts.running > 0 && p.status === "active" ? "1" : "0";

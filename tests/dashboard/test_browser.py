@@ -126,6 +126,8 @@ def test_study_page_charts_hover_click_and_filters(site: dict, driver: Any, shot
     assert len(driver.find_elements("css selector", '[data-chart="axis"] .scatterlayer path.point')) == 48
     assert charts["parallel"]["points"] == "24" and charts["isolation"]["points"] == "2"
     assert not driver.find_elements("css selector", '[data-chart="parallel"] p.empty'), "the request note leaves"
+    wait(driver, "return document.getElementById('analysis-sections').dataset.loaded === '1'")
+    assert "boundary" in driver.find_element("id", "warnings").text
     assert errors(driver) == []
 
     from selenium.webdriver.common.action_chains import ActionChains
@@ -166,6 +168,7 @@ def test_empty_study_and_error_page(site: dict, driver: Any, shots: Callable) ->
     driver.get(f"{site['url']}/studies/{site['empty']['id']}")
     charts = draw_every_chart(driver)
     assert all(c.get("empty") == "1" for c in charts.values()), charts
+    wait(driver, "return document.getElementById('analysis-sections').dataset.loaded === '1'")
     body = driver.find_element("tag name", "body").text
     assert "No finished trials yet" in body and "nothing to fix" not in body
     assert "Nothing has started yet" in wait(driver, "return document.getElementById('progress-stall').textContent")

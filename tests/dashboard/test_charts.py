@@ -90,7 +90,7 @@ def test_an_empty_study_says_so(client: httpx.Client) -> None:
     assert chart(client, sid, "importance")["message"].startswith("needs at least 8")
     progress = chart(client, sid, "progress")
     assert progress["eta_seconds"] is None and progress["stalled"], "pending trials and no worker: stalled"
-    page = client.get(f"/studies/{sid}").text
+    page = client.get(f"/studies/{sid}/analysis-sections").text
     assert "No finished trials yet" in page and "nothing to fix" not in page
 
 
@@ -206,7 +206,7 @@ def test_study_page_shows_the_analysis_comparison_contract(
         return answer
 
     monkeypatch.setattr(dashboard, "analyze_study", with_comparison)
-    page = client.get(f"/studies/{study['id']}").text
+    page = client.get(f"/studies/{study['id']}/analysis-sections").text
     assert "are within noise" in page and "95% CI [-0.002, 0.011]" in page and "Welch t interval" in page
     assert "0.15 ± 0.004" in page and "[0.141, 0.159]" in page and "Trial variance: std 0.004." in page
     assert "{&#39;" not in page and "{'" not in page, "an arm given as its values is shown as its label"
