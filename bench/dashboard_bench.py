@@ -69,6 +69,7 @@ def time_endpoints(base: str, study_id: int, repeat: int) -> list[tuple[str, flo
         f"/api/v1/studies/{study_id}/table?status=completed&param=learning_rate:0.001:0.1&sort=duration&desc=true",
         f"/api/v1/trials/{best}/curves",
         f"/studies/{study_id}",
+        f"/studies/{study_id}/analysis-sections",
         f"/api/v1/studies/{study_id}/analysis",
     ]
     rows = []
