@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -291,27 +290,10 @@ def _grow(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    """Polls the study and redraws one progress line (a new line per change when not a terminal);
-    answers 0 once no trial is pending or running, 1 on --timeout."""
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
-    tty = sys.stdout.isatty()
-    last = ""
-    while True:
-        study = request(args, "GET", f"/api/v1/studies/{args.study_id}")
-        counts = study["trial_counts"]
-        line = f"{study['name']} [{study['status']}] " + progress_line(counts)
-        if study.get("best_value") is not None:
-            line += f" best {_num(study['best_value'])}"
-        if line != last:
-            print(("\r" + line + "\x1b[K") if tty else line, end="" if tty else "\n", flush=True)
-            last = line
-        if counts["pending"] + counts["running"] == 0 or study["status"] in ("paused", "archived"):
-            print("" if not tty else "\n", end="")
-            return 0
-        if deadline is not None and time.monotonic() >= deadline:
-            print("\nwatch: timed out" if tty else "watch: timed out", file=sys.stderr)
-            return 1
-        time.sleep(max(args.interval, 0.05))
+    """See hpo/watch.py (rich, imported only when watching)."""
+    from hpo.watch import watch
+
+    return watch(args)
 
 
 def _analyze(args: argparse.Namespace) -> int:

@@ -13,9 +13,10 @@ from starlette.concurrency import run_in_threadpool
 from hpo.settings import Settings
 
 from . import leases
-from .api import analysis, dashboard, errors, health, openapi, signin, studies, trials, workers
+from .api import analysis, charts, dashboard, errors, health, openapi, signin, studies, trials, workers
 from .api.auth import Auth
 from .api.hostile import HostileInput
+from .api.html_errors import HtmlErrors
 from .api.middleware import BodyLimit
 from .auth import Authenticator
 from .db import Database
@@ -38,19 +39,22 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
             reaper.cancel()
             db.dispose()
 
-    app = FastAPI(title="hpo", version="0.1.0", lifespan=lifespan)
+    # The API docs are served by the dashboard router from assets in our own packages (offline).
+    app = FastAPI(title="hpo", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.db = db
     app.state.settings = settings
     app.state.auth = authenticator = Authenticator(db, settings.api_token, settings.session_secret)
     errors.install(app)
     openapi.install(app)
-    routers = (health, studies, trials, workers, analysis, dashboard, signin)
+    routers = (health, studies, trials, workers, analysis, charts, dashboard, signin)
     for module in routers:
         app.include_router(module.router)
-    # Outermost last: the size limit, then credentials, then the hostile-input check of bodies.
+    # Outermost last: HTML error pages for browsers, the size limit, then credentials, then the
+    # hostile-input check of bodies.
     app.add_middleware(HostileInput)
     app.add_middleware(Auth, authenticator=authenticator)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HtmlErrors)
     return app
 
 

@@ -196,3 +196,14 @@ class ServerSecret(Base):
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(String(200))
+
+
+class Note(Base):
+    """A person's note in the dashboard, on a study (`trial_id` 0) or on one of its trials."""
+
+    __tablename__ = "notes"
+
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    body: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

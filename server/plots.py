@@ -28,6 +28,11 @@ from .analysis.model import TrialSummary  # noqa: E402
 from .analysis.space import Dimension, from_unit  # noqa: E402
 
 FORMATS = {"svg": "image/svg+xml", "png": "image/png"}
+DPI = 150  # PNGs for reports: readable when printed or zoomed
+WIDTH = 11.0  # every figure is this many inches wide (panels share it), so reports line up
+LEGEND = 9  # font sizes in points: legends, tick and axis labels, panel titles
+LABEL = 9
+PANEL_TITLE = 10
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 INFEASIBLE = "#d62728"
 
@@ -41,17 +46,18 @@ def render(kind: str, data: dict[str, Any], fmt: str = "svg") -> bytes:
 def _save(fig: Figure, fmt: str) -> bytes:
     buffer = io.BytesIO()
     metadata = {"Date": None} if fmt == "svg" else {"Software": "hpo"}
-    fig.savefig(buffer, format=fmt, metadata=metadata, dpi=100)
+    fig.savefig(buffer, format=fmt, metadata=metadata, dpi=DPI)
     return buffer.getvalue()
 
 
-def _grid(n: int, width: float = 4.4, height: float = 3.3, cols: int = 3) -> tuple[Figure, list[Axes]]:
-    """A figure of `n` panels, `cols` to a row, with fixed margins: matplotlib's constrained layout
-    would cost most of a second per figure, and the plots must render in well under one."""
+def _grid(n: int, height: float = 3.6, cols: int = 2) -> tuple[Figure, list[Axes]]:
+    """A figure of `n` panels, `cols` to a row, WIDTH wide, with fixed margins: matplotlib's
+    constrained layout would cost most of a second per figure, and the plots must render in well
+    under one."""
     n = max(n, 1)
     ncols = min(cols, n)
     nrows = math.ceil(n / ncols)
-    fig = _figure(width * ncols, height * nrows)
+    fig = _figure(WIDTH, height * nrows)
     axes = [fig.add_subplot(nrows, ncols, i + 1) for i in range(n)]
     return fig, axes
 
@@ -60,7 +66,7 @@ def _figure(width: float, height: float) -> Figure:
     """A figure with margins fixed in inches (room for tick labels, axis labels and the title)."""
     fig = Figure(figsize=(width, height))
     fig.subplots_adjust(
-        left=0.85 / width, right=1 - 0.25 / width, bottom=0.6 / height, top=1 - 0.75 / height, wspace=0.35, hspace=0.55
+        left=0.85 / width, right=1 - 0.25 / width, bottom=0.75 / height, top=1 - 0.8 / height, wspace=0.3, hspace=0.6
     )
     return fig
 
@@ -72,7 +78,27 @@ def _empty(ax: Axes, text: str) -> None:
 
 
 def _title(fig: Figure, data: dict[str, Any], what: str) -> None:
-    fig.suptitle(f"{data['study']}: {what}", fontsize=11)
+    """The study's name (shortened in the middle when long) over what the figure shows, on two
+    lines, so neither is ever cut at the figure's edge."""
+    width = fig.get_figwidth()
+    fig.suptitle(f"{_fit(str(data['study']), width, 11)}\n{_fit(what, width, 10)}", fontsize=10.5)
+
+
+def _fit(text: str, width_inches: float, points: float) -> str:
+    """`text` shortened in the middle to what fits `width_inches` at `points` (0.6 em per char)."""
+    room = max(12, int(width_inches * 72 / (points * 0.6)) - 2)
+    return text if len(text) <= room else text[: room // 2 - 1] + "…" + text[-(room - room // 2):]
+
+
+def _wrap(label: str, chars: int = 18) -> str:
+    """A long category label over several lines, split after `=` and `,` first
+    (`optimizer=nesterov` is never cut)."""
+    import textwrap
+
+    if len(label) <= chars:
+        return label
+    parts = label.replace(", ", ",\n").replace("=", "=\n").split("\n")
+    return "\n".join(line for part in parts for line in textwrap.wrap(part, chars, break_on_hyphens=False)) or label
 
 
 # --- axis -------------------------------------------------------------------------------------
@@ -110,12 +136,12 @@ def _axis_panel(ax: Axes, dim: Dimension, trials: list[TrialSummary], arms: list
     flagged = [side for label, side in data["flagged"] if label == dim.label]
     ax.set_title(
         dim.label + (f"  [best at {flagged[0]} edge]" if flagged else ""),
-        fontsize=9,
+        fontsize=PANEL_TITLE,
         color=INFEASIBLE if flagged else "black",
     )
-    ax.set_ylabel(data["metric"], fontsize=8)
+    ax.set_ylabel(data["metric"], fontsize=LABEL)
     if len(arms) > 1 or bad:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=LEGEND)
 
 
 def _worst_row(ax: Axes, values: list[float], mode: str) -> float:
@@ -144,7 +170,7 @@ def _xs(dim: Dimension, trials: Sequence[TrialSummary]) -> list[Any]:
 
 def _scale_axis(ax: Axes, dim: Dimension) -> None:
     if dim.type == "categorical":
-        ax.set_xticks(range(len(dim.values)), [str(v) for v in dim.values], fontsize=8)
+        ax.set_xticks(range(len(dim.values)), [_wrap(str(v)) for v in dim.values], fontsize=LABEL)
         return
     lo, hi = (dim.min or 0.0, dim.max or 1.0) if dim.type != "discrete" else (min(dim.values), max(dim.values))
     if dim.scale == "log":
@@ -181,7 +207,7 @@ def _rev_inv(y: Any) -> Any:
 def isolation_plot(data: dict[str, Any]) -> Figure:
     """Best over the nuisance hyperparameters for each scientific value, error bars from replicas."""
     series = data["series"]
-    fig, axes = _grid(len(series), width=5.0)
+    fig, axes = _grid(len(series))
     _title(fig, data, "isolation plots (best trial per scientific value)")
     if not series:
         _empty(axes[0], "no scientific hyperparameters")
@@ -200,10 +226,11 @@ def isolation_plot(data: dict[str, Any]) -> Figure:
             errs = [p["std"] or 0.0 for p in points]
         ax.errorbar(xs, ys, yerr=errs, fmt="o-" if s["kind"] == "buckets" else "o", capsize=4, color=COLORS[0])
         if s["kind"] == "arms":
-            ax.set_xticks(xs, [p["x"] for p in points], fontsize=8, rotation=15)
+            ax.set_xticks(xs, [_wrap(str(p["x"])) for p in points], fontsize=LABEL)
+            ax.set_xlim(-0.5, len(points) - 0.5)
         title = s["param"] + (f" ({s['label']})" if s.get("label") and s["label"] != "all trials" else "")
-        ax.set_title(title, fontsize=9)
-        ax.set_ylabel(f"best {data['metric']}", fontsize=8)
+        ax.set_title(title, fontsize=PANEL_TITLE)
+        ax.set_ylabel(f"best {data['metric']}", fontsize=LABEL)
     return fig
 
 
@@ -213,7 +240,7 @@ def isolation_plot(data: dict[str, Any]) -> Figure:
 def curves_plot(data: dict[str, Any]) -> Figure:
     """Training loss and the validation objective against step for the best trials of each arm,
     the best step starred and each kept checkpoint marked."""
-    fig = _figure(11, 4.2)
+    fig = _figure(WIDTH, 4.4)
     train_ax, valid_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     _title(fig, data, "training curves of the best trials")
     entries = data["entries"]
@@ -227,12 +254,13 @@ def curves_plot(data: dict[str, Any]) -> Figure:
         objective = series.get(data["metric"])
         _line(valid_ax, objective, color, entry["label"])
         _mark_checkpoints(valid_ax, objective, data["checkpoints"].get(entry["trial_id"], []), color, data["mode"])
-    train_ax.set_title("train/loss (solid), valid/loss (dashed)", fontsize=9)
-    valid_ax.set_title(f"{data['metric']} (* best step, | checkpoints)", fontsize=9)
+    _robust_log_y(train_ax)
+    train_ax.set_title("train/loss (solid), valid/loss (dashed), log scale", fontsize=PANEL_TITLE)
+    valid_ax.set_title(f"{data['metric']} (* best step, | checkpoints)", fontsize=PANEL_TITLE)
     for ax in (train_ax, valid_ax):
-        ax.set_xlabel("step", fontsize=8)
+        ax.set_xlabel("step", fontsize=LABEL)
     if entries:
-        valid_ax.legend(fontsize=7)
+        valid_ax.legend(fontsize=LEGEND)
     return fig
 
 
@@ -240,6 +268,22 @@ def _line(ax: Axes, curve: Any, color: str, label: str | None, dashed: bool = Fa
     if curve is None or not len(curve):
         return
     ax.plot(curve.steps, curve.values, color=color, linestyle="--" if dashed else "-", linewidth=1.2, label=label)
+
+
+def _robust_log_y(ax: Axes) -> None:
+    """Losses on a log axis whose limits hold the bulk of the curves (Tukey's fences in log space),
+    so one divergent trial cannot flatten the rest."""
+    from .charts import robust_range
+
+    values = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()] or [np.array([])])
+    finite = values[np.isfinite(values)]
+    if not len(finite) or finite.min() <= 0:
+        return
+    ax.set_yscale("log")
+    ax.minorticks_off()
+    limits = robust_range(finite, log=True)
+    if limits is not None:
+        ax.set_ylim(10 ** limits[0], 10 ** limits[1])
 
 
 def _mark_checkpoints(ax: Axes, curve: Any, steps: list[int], color: str, mode: str) -> None:
@@ -260,7 +304,7 @@ def _mark_checkpoints(ax: Axes, curve: Any, steps: list[int], color: str, mode: 
 def grad_norm_plot(data: dict[str, Any]) -> Figure:
     """The unclipped gradient norm against step and its histogram over all steps, for the best
     trial of each arm, with the 90th percentile (playbook: a clipping threshold to start from)."""
-    fig = _figure(11, 4.2)
+    fig = _figure(WIDTH, 4.4)
     step_ax, hist_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     _title(fig, data, "train/grad_norm (unclipped)")
     drawn = False
@@ -285,10 +329,10 @@ def grad_norm_plot(data: dict[str, Any]) -> Figure:
     hist_ax.set_xscale("log")
     step_ax.minorticks_off()
     hist_ax.minorticks_off()
-    step_ax.set_xlabel("step", fontsize=8)
-    hist_ax.set_xlabel("gradient norm", fontsize=8)
-    step_ax.legend(fontsize=7)
-    hist_ax.legend(fontsize=7)
+    step_ax.set_xlabel("step", fontsize=LABEL)
+    hist_ax.set_xlabel("gradient norm", fontsize=LABEL)
+    step_ax.legend(fontsize=LEGEND)
+    hist_ax.legend(fontsize=LEGEND)
     return fig
 
 
@@ -299,7 +343,7 @@ def best_steps_plot(data: dict[str, Any]) -> Figure:
     """Where retrospective checkpoint selection finds each trial's best step, as a share of
     max_train_steps; the first 10% and last 25% shaded (the playbook's thresholds)."""
     summary = data["summary"]
-    fig = _figure(7, 3.8)
+    fig = _figure(WIDTH, 3.8)
     ax = fig.add_subplot()
     _title(fig, data, f"best steps (max_train_steps = {summary['max_train_steps']})")
     fractions = summary["best_step_fractions"]
@@ -312,9 +356,9 @@ def best_steps_plot(data: dict[str, Any]) -> Figure:
     ax.hist(np.clip(fractions, 0, 1), bins=bins, color="#bbb", label="all trials")
     if summary["top"]:
         ax.hist(np.clip(summary["top"]["fractions"], 0, 1), bins=bins, color=COLORS[0], label="best trials")
-    ax.set_xlabel("best step / max_train_steps", fontsize=8)
-    ax.set_ylabel("trials", fontsize=8)
-    ax.legend(fontsize=7)
+    ax.set_xlabel("best step / max_train_steps", fontsize=LABEL)
+    ax.set_ylabel("trials", fontsize=LABEL)
+    ax.legend(fontsize=LEGEND)
     return fig
 
 
@@ -325,7 +369,7 @@ def budget_plot(data: dict[str, Any]) -> Figure:
     """Figure 3: box plots of the best of k trials drawn from the study, for k = 1…N (boxes at
     the quartiles, whiskers at the 5th and 95th percentiles, the expected best as a line)."""
     series = data["series"]
-    fig, axes = _grid(len(series), width=5.5, height=3.6, cols=2)
+    fig, axes = _grid(len(series), height=3.8)
     _title(fig, data, f"best {data['metric']} of k trials (bootstrap)")
     if not series:
         _empty(axes[0], "no finished trials yet")
@@ -362,12 +406,12 @@ def _budget_panel(ax: Axes, s: dict[str, Any], metric: str) -> None:
     means = [s["mean"][s["k"].index(int(b["label"]))] for b in stats]
     ax.plot(positions, means, color=COLORS[1], linewidth=1, label="expected best")
     step = max(1, len(stats) // 12)
-    ax.set_xticks(positions[::step], [b["label"] for b in stats][::step], fontsize=7)
-    ax.set_xlabel("number of trials k", fontsize=8)
-    ax.set_ylabel(metric, fontsize=8)
+    ax.set_xticks(positions[::step], [b["label"] for b in stats][::step], fontsize=LEGEND)
+    ax.set_xlabel("number of trials k", fontsize=LABEL)
+    ax.set_ylabel(metric, fontsize=LABEL)
     flat = "flattened" if s.get("flattened") else "not flattened"
-    ax.set_title(f"{s['label']} ({s['n']} trials, {flat})", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title(f"{s['label']} ({s['n']} trials, {flat})", fontsize=PANEL_TITLE)
+    ax.legend(fontsize=LEGEND)
 
 
 def _arm_name(arm: Any) -> str:

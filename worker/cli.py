@@ -105,6 +105,9 @@ def _register_worker(subparsers: Any) -> None:
         default=30.0,
         help="how long a stopped trainer.command gets to checkpoint and exit before SIGKILL (default 30)",
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log everything (HTTP requests, Ray, the trials' own output)"
+    )
     parser.set_defaults(handler=_run_worker)
 
 
@@ -138,7 +141,9 @@ def _run_worker(args: argparse.Namespace) -> int:
         reachable = probe(args.server)
     except ServerUrlError as exc:
         raise CliError(str(exc)) from None
-    _logging(args.log_level)
+    from .console import TrialLines, quiet_logging
+
+    quiet_logging(args.verbose, args.log_level)
     if not reachable:
         logging.getLogger("hpo.worker").warning("no hpo server answers at %s yet; retrying until one does", args.server)
     options = _worker_options(args)
@@ -146,10 +151,11 @@ def _run_worker(args: argparse.Namespace) -> int:
         from .ray_errors import join_ray
 
         join_ray(args.ray_address, log_to_driver=options.log_to_driver)
-    from .loop import Worker
+    from .loop import Worker  # imports Ray, which sets up its loggers: quiet them after
 
+    quiet_logging(args.verbose, args.log_level)
     _scrub_secrets()
-    worker = Worker(options)
+    worker = Worker(options, lines=TrialLines())
     status = worker.run()
     if worker.stopped_by_signal == signal.SIGINT:
         raise Interrupted(
@@ -211,6 +217,7 @@ def _worker_options(args: argparse.Namespace) -> Any:
         policy=policy,
         workdir_root=Path(args.workdir_root) if args.workdir_root else None,
         stop_grace_seconds=args.stop_grace_seconds,
+        log_to_driver=bool(getattr(args, "verbose", False)),  # the trials' own output only with -v
     )
 
 
@@ -219,8 +226,3 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     return run_demo(args)
 
-
-def _logging(level: str) -> None:
-    import logging
-
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -130,7 +130,9 @@ def run_demo(args: argparse.Namespace) -> int:
         artifact_root=workdir / "artifacts",
         lease_seconds=float(os.environ.get("HPO_LEASE_SECONDS", 60)),
     )
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from .console import NOISY_LOGGERS, quiet_logging
+
+    quiet_logging(False)
     started = time.monotonic()
     with EmbeddedServer(settings, args.port) as server:
         client = ServerClient(server.url)
@@ -144,9 +146,14 @@ def run_demo(args: argparse.Namespace) -> int:
             log_to_driver=False,
             idle_poll_seconds=0.5,
         )
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        # Log lines (ours, Ray's, Python warnings) print above the bar through tqdm, never through it.
+        loggers = [logging.root, *(logging.getLogger(name) for name in NOISY_LOGGERS), logging.getLogger("hpo")]
         worker = Worker(options, ServerClient(server.url))
         try:
-            worker.run(until=progress)
+            with logging_redirect_tqdm(loggers=loggers):
+                worker.run(until=progress)
         finally:
             progress.close()
         print(summary(client, study["id"], workdir, time.monotonic() - started))

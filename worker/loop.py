@@ -36,6 +36,7 @@ from hpo.policy import ExecutionPolicy, env_refusal
 from .capacity import Capacity, Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
 from .command import DEFAULT_STOP_GRACE_SECONDS
+from .console import TrialLines
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import Outcome, create_board, launch, outcome_of_exception
 from .runs import (
@@ -102,8 +103,11 @@ class WorkerStats:
 class Worker:
     """`Worker(options).run()` claims and runs trials until a signal (or `until()`) says stop."""
 
-    def __init__(self, options: WorkerOptions, client: ServerClient | None = None) -> None:
+    def __init__(
+        self, options: WorkerOptions, client: ServerClient | None = None, lines: TrialLines | None = None
+    ) -> None:
         self.options = options
+        self.lines = lines  # `hpo worker`'s one line per trial start and end
         self.client = client or ServerClient(options.server_url, options.token)
         self.stats = WorkerStats()
         self._runs: dict[int, Run] = {}
@@ -189,6 +193,8 @@ class Worker:
             if run.outcome is not None and now >= run.next_try and run.try_finish(self.client):
                 del self._runs[trial_id]
                 self.stats.finished += 1
+                if self.lines is not None:
+                    self.lines.finished(trial_id, self.client)
                 self._idle_since = now
 
     def _heartbeat(self) -> None:
@@ -259,6 +265,8 @@ class Worker:
                 run.outcome = outcome_of_exception(exc)
         self._runs[job.trial_id] = run
         self.stats.claimed += 1
+        if self.lines is not None:
+            self.lines.started(claim)
         self.stats.max_running = max(self.stats.max_running, sum(r.outcome is None for r in self._runs.values()))
         resumed = job.config["trainer"].get("resume_from")
         _log.info(
@@ -313,7 +321,14 @@ class Worker:
                     "num_gpus": opts.num_gpus,
                     "object_store_memory": opts.object_store_memory,
                 }
-            ray.init(address=opts.ray_address, include_dashboard=False, log_to_driver=opts.log_to_driver, **local)
+            ray.init(
+                address=opts.ray_address,
+                include_dashboard=False,
+                log_to_driver=opts.log_to_driver,
+                # without the trials' output, Ray's own INFO lines are noise too (`hpo worker -v` shows both)
+                logging_level=logging.INFO if opts.log_to_driver else logging.ERROR,
+                **local,
+            )
             self._owns_ray = True
         self._capacity = Capacity(exclusive=self._owns_ray and opts.ray_address is None)
         self._jobs = JobSettings(

@@ -1,25 +1,31 @@
-"""The server-rendered dashboard: the studies table (the tracking sheet's columns), a study page
-(spec by role, progress, warnings, plots) and a trial page (params, curves, checkpoints). Pages
-read through the same services as the JSON API; plots are the API's SVGs."""
+"""The dashboard's pages: the studies table (the tracking sheet's columns), a study page (progress,
+warnings, the arm comparison, interactive charts, the trial table), a trial page, and a compare
+page. Pages hold what the server knows at once (spec, counts, warnings); the charts are drawn in
+the browser by Plotly (served from the `plotly` package, no CDN) from the JSON endpoints of
+`api/charts.py`, and refreshed by polling the cheap progress endpoint while trials run."""
 
 from __future__ import annotations
 
+import json
 import math
+import shlex
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from .. import studies, trials
+from .. import notes, studies, trials
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import analyze_study
 from ..analysis.tracking import tracking_rows
-from ..errors import NotFound
+from ..charts import best_per_arm, cached, peek, trial_summaries
+from ..errors import InvalidInput, NotFound
 from ..schemas import TrialCounts
-from .deps import DatabaseDep, StudyId, TrialId
+from .deps import DatabaseDep, SettingsDep, StudyId, TrialId
 
 router = APIRouter(include_in_schema=False)
 
@@ -27,15 +33,16 @@ _HERE = Path(__file__).resolve().parent.parent
 _ENV = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(["html"]))
 _STATIC = _HERE / "static"
 _STATIC_TYPES = {".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml", ".png": "image/png"}
-PLOTS = (
-    ("axis", "Objective against each varied hyperparameter; red crosses are infeasible trials"),
-    ("isolation", "Best trial per scientific value (nuisance optimized away); error bars from replicas"),
-    ("curves", "Training curves of the best trials of each arm; * best step, | checkpoints"),
-    ("grad_norm", "Unclipped gradient norm of each arm's best trial, and its 90th percentile"),
-    ("best_steps", "Where retrospective checkpoint selection finds the best step"),
-    ("budget", "Best of k trials drawn from the study (playbook Figure 3)"),
+REPORT_PLOTS = (
+    ("axis", "Objective against each varied hyperparameter"),
+    ("isolation", "Best trial per scientific value"),
+    ("curves", "Training curves of the best trials"),
+    ("grad_norm", "Unclipped gradient norm"),
+    ("best_steps", "Where the best step falls"),
+    ("budget", "Best of k trials (playbook Figure 3)"),
 )
 _PROGRESS_ORDER = ("completed", "infeasible", "failed", "cancelled", "running")
+MAX_COMPARED = 8
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -52,37 +59,81 @@ def index(db: DatabaseDep, request: Request) -> HTMLResponse:
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
 def study_page(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
+    """The page at once; the analysis' warnings and arm comparison are in it when the analysis of
+    this study version was already computed, else the page fetches them (`analysis-sections`), so
+    a big study's first visit does not wait seconds for the checklist before drawing anything."""
     study = studies.get_study(db, study_id)
-    analysis = analyze_study(db, study_id)
-    top = trials.list_trials(db, study_id, order_by="objective", limit=20).items
-    counts = study.trial_counts
-    live = study.status == "active" and counts.pending + counts.running > 0
+    with db.transaction() as session:
+        labels = sorted({arm_label(t.arm) for t in trial_summaries(session, study_id)})
     return _page(
         "study.html",
-        study=study,
-        analysis=analysis,
-        progress=progress(counts),
+        **_analysis_context(db, study, peek(db, study_id, "analysis")),
+        progress=progress(study.trial_counts),
         spec_by_role=spec_by_role(study.spec),
         trainer=study.spec.get("trainer") or {},
-        plots=PLOTS,
-        top_trials=top,
-        refresh=30 if live else None,
+        report_plots=REPORT_PLOTS,
+        note=notes.get_note(db, study_id=study_id),
+        arm_labels=labels,
     )
 
 
+@router.get("/studies/{study_id}/analysis-sections", response_class=HTMLResponse)
+def study_analysis_sections(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
+    """The study page's warnings and arm comparison, as HTML to insert (see `study_page`)."""
+    study = studies.get_study(db, study_id)
+    analysis = cached(db, study_id, "analysis", lambda: analyze_study(db, study_id))
+    return _page("study_analysis.html", **_analysis_context(db, study, analysis))
+
+
+def _analysis_context(db: Any, study: Any, analysis: dict[str, Any] | None) -> dict[str, Any]:
+    counts = study.trial_counts
+    return {
+        "study": study,
+        "analysis": analysis,
+        "finished": counts.completed + counts.infeasible + counts.failed + counts.cancelled,
+        "n_completed": counts.completed,
+        "live": study.status == "active" and counts.pending + counts.running > 0,
+        "comparison": (analysis or {}).get("comparison"),
+        "trial_variance": (analysis or {}).get("trial_variance"),
+    }
+
+
 @router.get("/trials/{trial_id}", response_class=HTMLResponse)
-def trial_page(db: DatabaseDep, request: Request, trial_id: TrialId) -> HTMLResponse:
+def trial_page(db: DatabaseDep, settings: SettingsDep, request: Request, trial_id: TrialId) -> HTMLResponse:
     trial = trials.get_trial(db, trial_id)
     study = studies.get_study(db, trial.study_id)
     roles = {h["name"]: h.get("role", "") for h in study.spec.get("hyperparameters") or []}
+    by_role: dict[str, list[tuple[str, Any]]] = {"scientific": [], "nuisance": [], "fixed": [], "other": []}
+    for name, value in trial.params.items():
+        by_role.setdefault(roles.get(name) or "other", []).append((name, value))
+    shown, hidden = existing_checkpoints(trials.list_checkpoints(db, trial_id), settings.artifact_root)
     return _page(
         "trial.html",
         trial=trial,
         study=study,
-        roles=roles,
-        checkpoints=trials.list_checkpoints(db, trial_id),
+        params_by_role=by_role,
+        checkpoints=shown,
+        hidden_checkpoints=hidden,
+        reproduce=reproduce_command(study.spec, trial.params, trial.seed, trial.id),
+        note=notes.get_note(db, trial_id=trial_id),
+        live=trial.status in ("pending", "running"),
         base_url=str(request.base_url).rstrip("/"),
     )
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(db: DatabaseDep, studies_param: str = Query("", alias="studies", max_length=200)) -> HTMLResponse:
+    """Two or more studies side by side: best trial per arm and the best trials' curves."""
+    all_studies = studies.list_studies(db, limit=10_000).items
+    ids: list[int] = []
+    for part in [p for p in studies_param.replace(" ", "").split(",") if p]:
+        if not part.isdigit() or not 1 <= int(part) < 2**31:
+            raise InvalidInput.one("studies", f"expected comma-separated study ids, got {part!r}")
+        ids.append(int(part))
+    if len(ids) > MAX_COMPARED:
+        raise InvalidInput.one("studies", f"compare at most {MAX_COMPARED} studies at once")
+    chosen = [best_per_arm(db, i) for i in dict.fromkeys(ids)]
+    return _page("compare.html", chosen=chosen, all_studies=all_studies, ids=[c["id"] for c in chosen])
 
 
 @router.get("/static/{name}")
@@ -91,6 +142,64 @@ def static(name: str) -> Response:
     if path.suffix not in _STATIC_TYPES or path.parent != _STATIC or not path.is_file():
         raise NotFound(f"no static file {name}")
     return Response(path.read_bytes(), media_type=_STATIC_TYPES[path.suffix], headers={"Cache-Control": "max-age=300"})
+
+
+# Third-party browser assets, served from the Python packages that ship them (no CDN, so the
+# dashboard and the API docs work offline).
+_VENDOR = {
+    "plotly.min.js": ("plotly", "package_data/plotly.min.js"),
+    "swagger-ui-bundle.js": ("fastapi_offline", "static/swagger-ui-bundle.js"),
+    "swagger-ui.css": ("fastapi_offline", "static/swagger-ui.css"),
+    "redoc.standalone.js": ("fastapi_offline", "static/redoc.standalone.js"),
+    "favicon.png": ("fastapi_offline", "static/favicon.png"),
+}
+
+
+@cache
+def vendor_file(name: str) -> bytes:
+    """The bytes of a vendored asset, read once per process."""
+    import importlib.util
+
+    package, relative = _VENDOR[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise NotFound(f"asset {name}: package {package} is not installed")
+    return (Path(next(iter(spec.submodule_search_locations))) / relative).read_bytes()
+
+
+@router.get("/static/vendor/{name}")
+def vendor(name: str) -> Response:
+    if name not in _VENDOR:
+        raise NotFound(f"no static file vendor/{name}")
+    media = _STATIC_TYPES.get(Path(name).suffix, "application/octet-stream")
+    # Versioned by the package: a day of caching spares the browser 5 MB of Plotly per page.
+    return Response(vendor_file(name), media_type=media, headers={"Cache-Control": "public, max-age=86400"})
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def swagger_docs(request: Request) -> HTMLResponse:
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    return get_swagger_ui_html(
+        openapi_url=request.app.openapi_url,
+        title="hpo API",
+        swagger_js_url="/static/vendor/swagger-ui-bundle.js",
+        swagger_css_url="/static/vendor/swagger-ui.css",
+        swagger_favicon_url="/static/vendor/favicon.png",
+    )
+
+
+@router.get("/redoc", response_class=HTMLResponse)
+def redoc_docs(request: Request) -> HTMLResponse:
+    from fastapi.openapi.docs import get_redoc_html
+
+    return get_redoc_html(
+        openapi_url=request.app.openapi_url,
+        title="hpo API",
+        redoc_js_url="/static/vendor/redoc.standalone.js",
+        redoc_favicon_url="/static/vendor/favicon.png",
+        with_google_fonts=False,
+    )
 
 
 def progress(counts: TrialCounts) -> dict[str, Any]:
@@ -111,6 +220,40 @@ def spec_by_role(spec: Mapping[str, Any]) -> dict[str, list[dict[str, str]]]:
     return out
 
 
+def existing_checkpoints(records: list[Any], artifact_root: Path) -> tuple[list[Any], int]:
+    """The checkpoint records whose file still exists, and how many were left out. Only paths
+    under this server's artifact root can be checked (others are shown as recorded): the trainer
+    prunes all but the best few, and a pruned file cannot be resumed from."""
+    root = artifact_root.resolve()
+    if not root.is_dir():
+        return records, 0
+    shown = []
+    for c in records:
+        uri = str(c.uri)
+        path = Path(uri[len("file://") :] if uri.startswith("file://") else uri)
+        if not path.is_absolute():
+            path = root / path
+        try:
+            checkable = path.resolve().is_relative_to(root)
+        except OSError:
+            checkable = False
+        if not checkable or path.exists():
+            shown.append(c)
+    return shown, len(records) - len(shown)
+
+
+def reproduce_command(spec: Mapping[str, Any], params: Mapping[str, Any], seed: int, trial_id: int) -> str:
+    """A shell command that reruns one trial without a server, with its params, trainer and seed."""
+    config = {
+        "params": dict(params),
+        "trainer": spec.get("trainer") or {},
+        "seed": seed,
+        "objective": spec.get("objective") or {},
+    }
+    file = f"trial-{trial_id}.json"
+    return f"echo {shlex.quote(json.dumps(config))} > {file} && hpo train --config {file} --out trial-{trial_id}-rerun"
+
+
 def _range(h: Mapping[str, Any]) -> str:
     if h.get("role") == "fixed":
         return fmt(h.get("value"))
@@ -125,10 +268,23 @@ def _fmt(value: Any) -> str:
     return fmt(value)
 
 
+def _ci(value: Any) -> str:
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or value[0] is None or value[1] is None:
+        return "–"
+    return f"[{fmt(value[0])}, {fmt(value[1])}]"
+
+
+def _arm_name(arm: Any) -> str:
+    """An arm given as its label or as its scientific values."""
+    return arm_label(arm) if isinstance(arm, Mapping) else str(arm)
+
+
 def _params_text(params: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={fmt(v)}" for k, v in params.items())
 
 
 def _page(template: str, **context: Any) -> HTMLResponse:
     page = _ENV.get_template(template)
-    return HTMLResponse(page.render(fmt=_fmt, arm_text=arm_label, params_text=_params_text, **context))
+    return HTMLResponse(
+        page.render(fmt=_fmt, ci=_ci, arm_text=arm_label, arm_name=_arm_name, params_text=_params_text, **context)
+    )

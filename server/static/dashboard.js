@@ -1,20 +1,147 @@
-// Marks whether every plot image rendered: <body data-plots-loaded="N" data-plots-total="M">.
-// The browser test reads these attributes; a person sees a red outline on a plot that failed.
+// Shared helpers of the dashboard's pages: JSON fetching, Plotly defaults, click-to-trial, empty
+// states, notes. Each chart container records what it drew (data-rendered, data-points) so a
+// person sees an honest empty state and the browser tests can count points.
 (function () {
-  function count() {
-    var plots = document.querySelectorAll("img.plot");
-    var loaded = 0;
-    plots.forEach(function (img) {
-      if (img.complete && img.naturalWidth > 0) { loaded += 1; img.classList.remove("broken"); }
-      else if (img.complete) { img.classList.add("broken"); }
+  "use strict";
+  var hpo = (window.hpo = {});
+  var COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
+  hpo.COLORS = COLORS;
+  hpo.INFEASIBLE = "#d62728";
+
+  hpo.getJSON = function (url) {
+    return fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" }).then(function (r) {
+      return r.json().then(function (body) {
+        if (!r.ok) {
+          var e = new Error((body && (body.message || body.detail)) || "HTTP " + r.status);
+          e.status = r.status;
+          throw e;
+        }
+        return body;
+      });
     });
-    document.body.dataset.plotsLoaded = String(loaded);
-    document.body.dataset.plotsTotal = String(plots.length);
+  };
+
+  hpo.config = function (name) {
+    return {
+      displaylogo: false,
+      responsive: true,
+      modeBarButtonsToRemove: ["lasso2d", "select2d"],
+      toImageButtonOptions: { format: "png", scale: 2, filename: name || "hpo-chart" },
+    };
+  };
+
+  hpo.layout = function (extra) {
+    var base = {
+      margin: { l: 64, r: 16, t: 28, b: 48 },
+      font: { size: 12, family: "system-ui, sans-serif" },
+      hovermode: "closest",
+      hoverlabel: { align: "left" },
+      showlegend: true,
+      legend: { orientation: "h", y: -0.22, font: { size: 11 } },
+      height: 360,
+      paper_bgcolor: "#fff",
+      plot_bgcolor: "#fff",
+    };
+    return Object.assign(base, extra || {});
+  };
+
+  // Draws (or redraws) a chart and records its point count; clicks open the trial in customdata.
+  hpo.draw = function (el, traces, layout, name) {
+    el.classList.remove("empty");
+    Array.prototype.forEach.call(el.querySelectorAll(":scope > p.empty"), function (p) { p.remove(); });
+    var first = !el.dataset.rendered;
+    var points = 0;
+    traces.forEach(function (t) {
+      if (t.x && t.type !== "contour" && t.type !== "heatmap") points += t.x.filter(function (v) { return v !== null; }).length;
+      if (t.type === "parcoords" && t.dimensions && t.dimensions.length) points += t.dimensions[0].values.length;
+    });
+    var t0 = performance.now();
+    return Plotly.react(el, traces, layout, hpo.config(name)).then(function () {
+      el.dataset.drawMs = String(Math.round(performance.now() - t0));
+      if (first) {
+        el.on("plotly_click", function (ev) {
+          var p = ev && ev.points && ev.points[0];
+          var id = p && (Array.isArray(p.customdata) ? p.customdata[0] : p.customdata);
+          if (id) window.location.href = "/trials/" + id;
+        });
+      }
+      el.dataset.rendered = "1";
+      el.dataset.points = String(points);
+      el.dataset.empty = "0";
+      hpo.settled(el);
+    });
+  };
+
+  hpo.empty = function (el, text) {
+    if (el.dataset.rendered && window.Plotly) Plotly.purge(el);
+    el.innerHTML = "";
+    var p = document.createElement("p");
+    p.className = "empty";
+    p.textContent = text;
+    el.appendChild(p);
+    el.dataset.rendered = "1";
+    el.dataset.points = "0";
+    el.dataset.empty = "1";
+    hpo.settled(el);
+  };
+
+  hpo.failed = function (el, err) {
+    hpo.empty(el, "Could not load this chart: " + (err && err.message ? err.message : err));
+    el.dataset.failed = "1";
+  };
+
+  // Counts settled charts on <body data-charts-settled="N">, for tests and for the timing bench.
+  // Charts draw when scrolled near (data-requested); "ready" once every requested one has drawn.
+  hpo.settled = function () {
+    var all = document.querySelectorAll("[data-chart]");
+    var done = 0, requested = 0;
+    all.forEach(function (c) {
+      if (c.dataset.onDemand && !c.dataset.requested) return;
+      if (c.dataset.rendered) done += 1;
+      if (c.dataset.requested || c.dataset.rendered) requested += 1;
+    });
+    document.body.dataset.chartsSettled = String(done);
+    document.body.dataset.chartsTotal = String(Array.prototype.filter.call(all, function (c) { return !c.dataset.onDemand || c.dataset.requested; }).length);
+    if (requested && done === requested && !document.body.dataset.chartsReadyAt) {
+      document.body.dataset.chartsReadyAt = String(Math.round(performance.now()));
+    }
+  };
+
+  hpo.fmt = function (v) {
+    if (v === null || v === undefined || (typeof v === "number" && !isFinite(v))) return "–";
+    if (typeof v !== "number") return String(v);
+    if (Number.isInteger(v)) return String(v);
+    return Number(v.toPrecision(4)).toString();
+  };
+
+  hpo.duration = function (s) {
+    if (s === null || s === undefined) return "–";
+    s = Math.round(s);
+    if (s < 90) return s + " s";
+    if (s < 5400) return Math.round(s / 60) + " min";
+    if (s < 172800) return (s / 3600).toFixed(1) + " h";
+    return (s / 86400).toFixed(1) + " d";
+  };
+
+  // Notes: a textarea saved with PUT (a write role is needed once tokens exist).
+  function setupNote() {
+    var box = document.getElementById("note");
+    if (!box) return;
+    var button = box.querySelector(".save-note");
+    var status = box.querySelector(".note-status");
+    button.addEventListener("click", function () {
+      status.textContent = "saving…";
+      fetch(box.dataset.url, {
+        method: "PUT",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: JSON.stringify({ body: box.querySelector("textarea").value }),
+      }).then(function (r) {
+        return r.json().then(function (b) {
+          status.textContent = r.ok ? "saved" : "not saved: " + (b.message || b.detail || r.status);
+        });
+      }).catch(function (e) { status.textContent = "not saved: " + e; });
+    });
   }
-  document.querySelectorAll("img.plot").forEach(function (img) {
-    img.addEventListener("load", count);
-    img.addEventListener("error", count);
-  });
-  window.addEventListener("load", count);
-  count();
+  document.addEventListener("DOMContentLoaded", setupNote);
 })();

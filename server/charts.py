@@ -1,0 +1,780 @@
+"""The data of the dashboard's interactive charts: one function per chart, each answering exactly
+what the browser draws (plain JSON-ready dicts), loaded in one transaction with small queries.
+
+Hover text names the trial (`trial <id>`, the id that every URL uses) with its params and value;
+`ids` lists the trial id of every point so a click opens `/trials/<id>`. Curves are downsampled in
+the database (one averaged point per step bucket), so 1,000 trials' curves stay a few tens of
+thousands of points; y limits are robust (Tukey fences, in log space for losses) so one divergent
+trial cannot flatten the rest (playbook, "Examining the training curves")."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+from sqlalchemy import bindparam, select, text
+from sqlalchemy.orm import Session
+
+from .analysis import queries
+from .analysis.arms import arm_summaries
+from .analysis.model import TrialSummary, arm_label, fmt
+from .analysis.plotdata import plot_data
+from .analysis.service import horizon_of, json_safe
+from .analysis.space import Dimension, dimensions
+from .db import Database
+from .errors import InvalidInput, NotFound
+from .models import Trial
+
+CHART_KINDS = (
+    "progress",
+    "history",
+    "axis",
+    "parallel",
+    "contour",
+    "importance",
+    "curves",
+    "grad_norm",
+    "isolation",
+    "best_steps",
+    "budget",
+)
+CURVE_POINTS = 60  # points per curve after downsampling: enough for the shape, cheap for 1,000 curves
+MAX_CURVES = 5000
+PARALLEL_LINES = 1000
+STALL_SECONDS = 300.0  # nothing started or finished for this long while trials wait: say so
+_FINISHED = ("completed", "infeasible", "failed", "cancelled")
+
+
+def chart(db: Database, study_id: int, kind: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The data of chart `kind` of a study. Raises `NotFound` for an unknown study or kind and
+    `InvalidInput` for options that name nothing in the study."""
+    return json.loads(chart_json(db, study_id, kind, options))
+
+
+def chart_json(db: Database, study_id: int, kind: str, options: Mapping[str, Any] | None = None) -> bytes:
+    """`chart(...)` as JSON bytes, from the cache while the study has not changed (see `cached`)."""
+    if kind not in _CHARTS:
+        raise NotFound(f"no chart {kind!r}; charts: {', '.join(CHART_KINDS)}")
+    opts = dict(options or {})
+    if kind == "progress":  # the cheap poll: always fresh
+        return dumps(_load(db, study_id, kind, opts))
+    key = (kind, tuple(sorted((k, str(v)) for k, v in opts.items())))
+    return cached(db, study_id, key, lambda: dumps(_load(db, study_id, kind, opts)))
+
+
+def _load(db: Database, study_id: int, kind: str, options: dict[str, Any]) -> dict[str, Any]:
+    if kind in _FROM_PLOTDATA:
+        return _FROM_PLOTDATA[kind](db, study_id, options)
+    with db.transaction() as session:
+        study = queries.study_info(session, study_id)
+        base = {"kind": kind, "study": study.name, "metric": study.metric, "mode": study.mode}
+        return {**base, **_CHARTS[kind](session, study, options)}
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON; non-finite floats become null (the slow walk only when there is one)."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), default=_plain).encode()
+    except ValueError:
+        return json.dumps(json_safe(value), separators=(",", ":"), default=_plain).encode()
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+# --- the cache ----------------------------------------------------------------------------------
+# A study's charts change only when a trial starts, finishes or is added, or while one runs (its
+# curves grow). Answers are kept per study, chart and options, keyed by a one-row version query,
+# and reused while the version holds (at most CACHE_LIVE_SECONDS while a trial runs): repeated
+# page loads and the live page's redraws cost one indexed query.
+
+CACHE_LIVE_SECONDS = 5.0
+_CACHE_SIZE = 48
+_CACHE: dict[tuple[int, int, Any], tuple[tuple[Any, ...], float, Any]] = {}  # (db, study, what)
+_CACHE_LOCK = threading.Lock()
+
+
+def study_version(db: Database, study_id: int) -> tuple[Any, ...]:
+    """(trials, running, newest start, newest finish, sum of attempts, pending) of a study: changes
+    whenever anything a chart shows may have changed, except a running trial's new points."""
+    with db.transaction() as session:
+        return _version_in(session, study_id)
+
+
+def _version_in(session: Session, study_id: int) -> tuple[Any, ...]:
+    row = session.execute(
+        text(
+            "SELECT count(*), sum(CASE WHEN status = 'running' THEN 1 ELSE 0 END), max(started_at), "
+            "max(finished_at), sum(attempt), sum(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) "
+            "FROM trials WHERE study_id = :id"
+        ),
+        {"id": study_id},
+    ).one()
+    return tuple(str(v) for v in row)
+
+
+def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:
+    """`queries.trial_summaries`, shared by the charts of one study version (a page's first load
+    asks for them from half a dozen charts at once)."""
+    version = _version_in(session, study_id)
+    key = (id(session.get_bind()), study_id, "summaries")
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+    if hit is not None and hit[0] == version and version[1] in ("0", "None"):
+        return list(hit[2])
+    value = queries.trial_summaries(session, study_id)
+    with _CACHE_LOCK:
+        _evict()
+        _CACHE[key] = (version, time.monotonic(), value)
+    return list(value)
+
+
+def _evict() -> None:
+    if len(_CACHE) >= _CACHE_SIZE:
+        del _CACHE[min(_CACHE, key=lambda k: _CACHE[k][1])]
+
+
+def peek(db: Database, study_id: int, key: Any) -> Any:
+    """The cached answer for `key` while it is still valid, else None (computes nothing)."""
+    version = study_version(db, study_id)
+    running = version[1] not in ("0", "None")
+    with _CACHE_LOCK:
+        hit = _CACHE.get((id(db), study_id, key))
+    if hit is not None and hit[0] == version and not (running and time.monotonic() - hit[1] > CACHE_LIVE_SECONDS):
+        return hit[2]
+    return None
+
+
+def cached(db: Database, study_id: int, key: Any, compute: Callable[[], Any]) -> Any:
+    """`compute()`, or the answer it gave while the study's version was the same."""
+    version = study_version(db, study_id)
+    running = version[1] not in ("0", "None")
+    with _CACHE_LOCK:
+        hit = _CACHE.get((id(db), study_id, key))
+    if hit is not None and hit[0] == version and not (running and time.monotonic() - hit[1] > CACHE_LIVE_SECONDS):
+        return hit[2]
+    value = compute()
+    with _CACHE_LOCK:
+        _evict()
+        _CACHE[(id(db), study_id, key)] = (version, time.monotonic(), value)
+    return value
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def hover(t: TrialSummary, metric: str) -> str:
+    """`trial 12 (no. 11)<br>lr=0.01, wd=1e-4<br>valid/error = 0.21` for a point of trial 12."""
+    params = ", ".join(f"{k}={fmt(v)}" for k, v in t.params.items())
+    value = f"{metric} = {fmt(t.objective)}" if t.feasible else t.status + (f" ({t.fail_kind})" if t.fail_kind else "")
+    return f"trial {t.id} (no. {t.number})<br>{params}<br>{value}"
+
+
+def hovers(trials: Sequence[TrialSummary], metric: str) -> dict[str, str]:
+    """Hover text by trial id, sent once per chart (the points carry only ids)."""
+    return {str(t.id): hover(t, metric) for t in trials}
+
+
+def _originals(session: Session, study_id: int) -> list[TrialSummary]:
+    return [t for t in trial_summaries(session, study_id) if t.replica_of is None]
+
+
+def _sign(study: queries.StudyInfo) -> float:
+    return 1.0 if study.mode == "min" else -1.0
+
+
+def _worst(values: Sequence[float], mode: str) -> float:
+    """Where infeasible trials are drawn: just beyond the worst feasible value."""
+    if not values:
+        return 1.0
+    span = (max(values) - min(values)) or abs(max(values)) or 1.0
+    return max(values) + 0.08 * span if mode == "min" else min(values) - 0.08 * span
+
+
+def _axis_type(dim: Dimension) -> str:
+    if dim.type == "categorical":
+        return "category"
+    return "log" if dim.scale == "log" else "linear"
+
+
+def _bounds(dim: Dimension) -> list[Any] | None:
+    if dim.type == "discrete" and dim.values:
+        return [min(dim.values), max(dim.values)]
+    if dim.min is not None and dim.max is not None:
+        return [dim.min, dim.max]
+    return None
+
+
+def _numeric_dims(study: queries.StudyInfo) -> list[Dimension]:
+    return [d for d in dimensions(study.spec) if d.varied and d.type in ("float", "int", "discrete")]
+
+
+def robust_range(values: np.ndarray, log: bool) -> list[float] | None:
+    """Axis limits that hold the bulk of the values: Tukey's fences (3 IQR beyond the quartiles),
+    in log10 space for log axes (Plotly's log-axis ranges are log10 too), clamped to the data."""
+    v = values[np.isfinite(values)]
+    if log:
+        v = np.log10(v[v > 0])
+    if not len(v):
+        return None
+    q1, q3 = np.percentile(v, [25, 75])
+    iqr = q3 - q1
+    lo, hi = max(float(v.min()), q1 - 3 * iqr), min(float(v.max()), q3 + 3 * iqr)
+    pad = (hi - lo) * 0.05 or (0.1 if log else abs(hi) * 0.05 or 0.1)
+    return [lo - pad, hi + pad]
+
+
+# --- progress ---------------------------------------------------------------------------------
+
+
+def _progress(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+    """Counts, ETA from the finishing rate of the last hour's trials, running trials and a stall
+    signal; cheap (one indexed query), so pages poll it every few seconds."""
+    rows = session.execute(
+        select(Trial.id, Trial.number, Trial.status, Trial.started_at, Trial.finished_at, Trial.worker_id).where(
+            Trial.study_id == study.id
+        )
+    ).all()
+    counts = dict.fromkeys(("pending", "running", "completed", "infeasible", "failed", "cancelled"), 0)
+    finished_at: list[float] = []
+    last_event = None
+    running = []
+    for r in rows:
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
+        for at in (r.started_at, r.finished_at):
+            if at is not None:
+                ts = _ts(at)
+                last_event = ts if last_event is None else max(last_event, ts)
+        if r.finished_at is not None and r.status.value in _FINISHED:
+            finished_at.append(_ts(r.finished_at))
+        if r.status.value == "running":
+            started = _ts(r.started_at) if r.started_at is not None else None
+            running.append({"id": r.id, "number": r.number, "started_at": started, "worker_id": r.worker_id})
+    now = datetime.now(timezone.utc).timestamp()
+    total = sum(counts.values())
+    finished = sum(counts[s] for s in _FINISHED)
+    remaining = counts["pending"] + counts["running"]
+    idle = None if last_event is None else max(0.0, now - last_event)
+    return {
+        "status": study.status,
+        "counts": counts,
+        "total": total,
+        "finished": finished,
+        "running": sorted(running, key=lambda r: r["id"]),
+        "rate_per_hour": _rate(finished_at, now),
+        "eta_seconds": eta_seconds(finished_at, remaining, now),
+        "idle_seconds": idle,
+        "stalled": bool(remaining and study.status == "active" and (idle is None or idle > STALL_SECONDS)),
+        "version": f"{finished}:{counts['running']}:{last_event or 0}",
+    }
+
+
+def _ts(at: datetime) -> float:
+    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _rate(finished_at: Sequence[float], now: float, window: float = 3600.0) -> float | None:
+    recent = sorted(t for t in finished_at if now - t <= window)
+    if len(recent) < 2:
+        return None
+    span = max(now - recent[0], 1.0)
+    return len(recent) / span * 3600.0
+
+
+def eta_seconds(finished_at: Sequence[float], remaining: int, now: float, window: float = 3600.0) -> float | None:
+    """Seconds until the remaining trials finish at the rate the last hour's trials finished;
+    None without two recent finishes (no rate to go on) or with nothing left."""
+    rate = _rate(finished_at, now, window)
+    if not remaining or rate is None or rate <= 0:
+        return None if remaining else 0.0
+    return remaining / rate * 3600.0
+
+
+# --- history ----------------------------------------------------------------------------------
+
+
+def _history(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+    """The objective of each trial against its number, by arm, infeasible trials as red crosses
+    beyond the worst value, and the best so far."""
+    trials = _originals(session, study.id)
+    sign = _sign(study)
+    feasible = [t for t in trials if t.feasible]
+    worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
+    series: dict[str, dict[str, Any]] = {}
+    for t in feasible:
+        s = series.setdefault(t.arm_key, {"name": arm_label(t.arm), "x": [], "y": [], "ids": []})
+        s["x"].append(t.number)
+        s["y"].append(t.objective)
+        s["ids"].append(t.id)
+    bad = [t for t in trials if t.infeasible]
+    best_x, best_y, best = [], [], None
+    for t in sorted(feasible, key=lambda t: t.number):  # only where the best changes (drawn as steps)
+        if best is None or sign * float(t.objective or 0.0) < sign * best:
+            best = float(t.objective or 0.0)
+            best_x.append(t.number)
+            best_y.append(best)
+    if best_x and trials and trials[-1].number > best_x[-1]:
+        best_x.append(trials[-1].number)
+        best_y.append(best_y[-1])
+    return {
+        "series": list(series.values()),
+        "infeasible": {
+            "x": [t.number for t in bad],
+            "y": [worst] * len(bad),
+            "ids": [t.id for t in bad],
+        },
+        "best": {"x": best_x, "y": best_y},
+        "text": hovers(trials, study.metric),
+        "n_feasible": len(feasible),
+        "n_trials": len(trials),
+    }
+
+
+# --- axis -------------------------------------------------------------------------------------
+
+
+def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+    """One panel per varied hyperparameter: the objective of each trial by arm, infeasible trials
+    as red crosses beyond the worst value, the searched bounds, log axes for log scales."""
+    trials = _originals(session, study.id)
+    panels = []
+    for dim in dimensions(study.spec):
+        if not dim.varied:
+            continue
+        mine = [t for t in trials if dim.name in t.params and dim.applies(t.arm)]
+        feasible = [t for t in mine if t.feasible]
+        worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
+        series: dict[str, dict[str, Any]] = {}
+        for t in feasible:
+            s = series.setdefault(t.arm_key, {"name": arm_label(t.arm), "x": [], "y": [], "ids": []})
+            s["x"].append(t.params[dim.name])
+            s["y"].append(t.objective)
+            s["ids"].append(t.id)
+        bad = [t for t in mine if t.infeasible]
+        panels.append(
+            {
+                "param": dim.label,
+                "name": dim.name,
+                "role": dim.role,
+                "axis_type": _axis_type(dim),
+                "scale": dim.scale,
+                "bounds": _bounds(dim),
+                "categories": [str(v) for v in dim.values] if dim.type == "categorical" else None,
+                "series": list(series.values()),
+                "infeasible": {
+                    "x": [t.params[dim.name] for t in bad],
+                    "y": [worst] * len(bad),
+                    "ids": [t.id for t in bad],
+                },
+            }
+        )
+    return {"panels": panels, "n_trials": len(trials), "text": hovers(trials, study.metric)}
+
+
+# --- parallel coordinates ---------------------------------------------------------------------
+
+
+def _parallel(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+    """Feasible trials as lines through one axis per varied hyperparameter and the objective; log
+    scales as log10 with readable ticks, categories as indices with their names."""
+    feasible = [t for t in _originals(session, study.id) if t.feasible]
+    # Each line costs the browser's WebGL; past PARALLEL_LINES, the best ones (where the questions are)
+    trials = sorted(feasible, key=lambda t: _sign(study) * float(t.objective or 0.0))[:PARALLEL_LINES]
+    dims = [d for d in dimensions(study.spec) if d.role != "fixed" and not d.when]
+    axes: list[dict[str, Any]] = []
+    for dim in dims:
+        values = [t.params.get(dim.name) for t in trials]
+        if dim.type == "categorical" or (dim.type == "discrete" and dim.role == "scientific"):
+            names = [str(v) for v in dim.values]
+            index = {n: i for i, n in enumerate(names)}
+            axes.append(
+                {
+                    "label": dim.name,
+                    "values": [index.get(str(v)) for v in values],
+                    "tickvals": list(range(len(names))),
+                    "ticktext": names,
+                }
+            )
+        elif dim.scale == "log":
+            logs = [math.log10(v) if isinstance(v, (int, float)) and v > 0 else None for v in values]
+            lo, hi = (math.log10(dim.min), math.log10(dim.max)) if dim.min and dim.max else (0.0, 1.0)
+            ticks = list(range(math.floor(lo), math.ceil(hi) + 1))
+            axes.append(
+                {
+                    "label": f"{dim.name} (log)",
+                    "values": logs,
+                    "range": [lo, hi],
+                    "tickvals": ticks,
+                    "ticktext": [f"1e{k}" for k in ticks],
+                }
+            )
+        else:
+            axes.append({"label": dim.name, "values": values, "range": _bounds(dim)})
+    axes.append({"label": study.metric, "values": [t.objective for t in trials]})
+    return {
+        "axes": axes,
+        "ids": [t.id for t in trials],
+        "color": [t.objective for t in trials],
+        "n": len(trials),
+        "n_feasible": len(feasible),
+    }
+
+
+# --- contour ----------------------------------------------------------------------------------
+
+
+def _contour(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
+    """The objective over a pair of numeric hyperparameters (`x`, `y` options; the first two by
+    default), interpolated linearly between the trials on a 40 x 40 grid, with the trials on top."""
+    dims = {d.name: d for d in _numeric_dims(study)}
+    names = list(dims)
+    x_name = options.get("x") or (names[0] if names else None)
+    y_name = options.get("y") or (names[1] if len(names) > 1 else None)
+    for field, name in (("x", x_name), ("y", y_name)):
+        if name is not None and name not in dims:
+            raise InvalidInput.one(field, f"{name!r} is not a varied numeric hyperparameter; choose from {names}")
+    base: dict[str, Any] = {"choices": names, "x": x_name, "y": y_name}
+    if x_name is None or y_name is None or x_name == y_name:
+        return {**base, "grid": None, "points": None, "message": "needs two different varied numeric hyperparameters"}
+    trials = [t for t in _originals(session, study.id) if t.feasible and x_name in t.params and y_name in t.params]
+    dx, dy = dims[x_name], dims[y_name]
+    xs = np.array([float(t.params[x_name]) for t in trials])
+    ys = np.array([float(t.params[y_name]) for t in trials])
+    zs = np.array([float(t.objective or 0.0) for t in trials])
+    points = {"x": xs.tolist(), "y": ys.tolist(), "ids": [t.id for t in trials]}
+    grid = _grid(xs, ys, zs, dx.scale == "log", dy.scale == "log") if len(trials) >= 4 else None
+    return {
+        **base,
+        "x_type": _axis_type(dx),
+        "y_type": _axis_type(dy),
+        "points": points,
+        "text": hovers(trials, study.metric),
+        "grid": grid,
+        "message": None if grid else "fewer than 4 completed trials with both hyperparameters",
+    }
+
+
+def _grid(xs: np.ndarray, ys: np.ndarray, zs: np.ndarray, xlog: bool, ylog: bool, n: int = 40) -> dict[str, Any] | None:
+    from scipy.interpolate import griddata
+
+    tx = np.log10(xs) if xlog else xs
+    ty = np.log10(ys) if ylog else ys
+    if np.ptp(tx) == 0 or np.ptp(ty) == 0:
+        return None
+    gx, gy = np.linspace(tx.min(), tx.max(), n), np.linspace(ty.min(), ty.max(), n)
+    try:
+        gz = griddata((tx, ty), zs, tuple(np.meshgrid(gx, gy)), method="linear")
+    except Exception:  # a degenerate layout (all points on a line): no surface, the points remain
+        return None
+    return {
+        "x": (10**gx if xlog else gx).tolist(),
+        "y": (10**gy if ylog else gy).tolist(),
+        "z": [[None if not math.isfinite(v) else float(v) for v in row] for row in gz],
+    }
+
+
+# --- importance -------------------------------------------------------------------------------
+
+_IMPORTANCE_CACHE: dict[tuple[int, str], dict[str, Any]] = {}
+_IMPORTANCE_LOCK = threading.Lock()
+IMPORTANCE_METHOD = (
+    "permutation importance of a random forest (scikit-learn RandomForestRegressor, 32 trees): how much the "
+    "forest's R² drops when one hyperparameter's values are shuffled"
+)
+
+
+def _importance(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+    """Which hyperparameters the objective depends on, over the completed trials; cached per study
+    until a trial finishes (the forest costs a few hundred milliseconds on thousands of trials)."""
+    trials = [t for t in _originals(session, study.id) if t.feasible]
+    dims = [d for d in dimensions(study.spec) if d.role != "fixed" and not d.when]
+    key = (study.id, f"{len(trials)}:{max((t.id for t in trials), default=0)}")
+    with _IMPORTANCE_LOCK:
+        cached = _IMPORTANCE_CACHE.get(key)
+    if cached is not None:
+        return cached
+    answer = importance(dims, trials)
+    with _IMPORTANCE_LOCK:
+        if len(_IMPORTANCE_CACHE) > 64:
+            _IMPORTANCE_CACHE.clear()
+        _IMPORTANCE_CACHE[key] = answer
+    return answer
+
+
+def importance(dims: Sequence[Dimension], trials: Sequence[TrialSummary], max_rows: int = 1000) -> dict[str, Any]:
+    """`{method, n, params: [{name, importance, std}]}`, most important first; importances are the
+    mean drop in R² (clipped at 0) over 5 shuffles. Needs 8 completed trials."""
+    base: dict[str, Any] = {"method": IMPORTANCE_METHOD, "n": len(trials), "params": []}
+    names = [d.name for d in dims if len({str(t.params.get(d.name)) for t in trials}) > 1]
+    if len(trials) < 8 or not names:
+        return {**base, "message": "needs at least 8 completed trials and a hyperparameter that varies"}
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.inspection import permutation_importance
+
+    rng = np.random.default_rng(0)
+    rows = list(trials) if len(trials) <= max_rows else [trials[i] for i in rng.choice(len(trials), max_rows, False)]
+    by_name = {d.name: d for d in dims}
+    columns = []
+    for name in names:
+        dim = by_name[name]
+        raw = [t.params.get(name) for t in rows]
+        if dim.type == "categorical":
+            codes = {v: i for i, v in enumerate(sorted({str(v) for v in raw}))}
+            columns.append([float(codes[str(v)]) for v in raw])
+        else:
+            values = [float(v) if isinstance(v, (int, float)) else math.nan for v in raw]
+            columns.append([math.log10(v) if dim.scale == "log" and v > 0 else v for v in values])
+    x = np.nan_to_num(np.array(columns).T, nan=-1.0)
+    y = np.array([float(t.objective or 0.0) for t in rows])
+    forest = RandomForestRegressor(n_estimators=32, min_samples_leaf=2, random_state=0, n_jobs=1).fit(x, y)
+    sample = rng.choice(len(rows), min(len(rows), 300), replace=False)
+    result = permutation_importance(forest, x[sample], y[sample], n_repeats=5, random_state=0, n_jobs=1)
+    params = [
+        {"name": name, "importance": max(0.0, float(m)), "std": float(s)}
+        for name, m, s in zip(names, result.importances_mean, result.importances_std, strict=True)
+    ]
+    return {**base, "params": sorted(params, key=lambda p: -p["importance"])}
+
+
+# --- curves -----------------------------------------------------------------------------------
+
+# One averaged point per step bucket and trial, in the database: only the downsampled curves
+# leave it. Integer division buckets the steps on both SQLite and Postgres.
+_DOWNSAMPLED = """
+SELECT trial_id, min(step) AS step, avg(value) AS value, max(nonfinite) AS nonfinite
+FROM metric_points
+WHERE trial_id IN :ids AND name = :name
+GROUP BY trial_id, step / :width
+ORDER BY trial_id, step
+"""
+
+
+def downsampled(session: Session, trial_ids: Sequence[int], name: str, width: int) -> dict[int, tuple[list, list]]:
+    """`{trial_id: (steps, values)}` of metric `name`, one averaged point per `width` steps; a
+    bucket with only non-finite values answers None for its value."""
+    if not trial_ids:
+        return {}
+    statement = text(_DOWNSAMPLED).bindparams(bindparam("ids", expanding=True))
+    out: dict[int, tuple[list, list]] = {}
+    for chunk in range(0, len(trial_ids), 1000):  # bounded IN lists
+        ids = list(trial_ids[chunk : chunk + 1000])
+        for r in session.execute(statement, {"ids": ids, "name": name, "width": max(1, int(width))}):
+            steps, values = out.setdefault(r.trial_id, ([], []))
+            steps.append(r.step)
+            values.append(r.value)
+    return out
+
+
+def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
+    """Curves of `metric` (default: the objective) for the best `limit` trials (all of them up to
+    1,000 by default), optionally of one `arm` (its label), downsampled to about `points` points."""
+    metric = str(options.get("metric") or study.metric)
+    limit = int(options.get("limit") or 1000)
+    points = int(options.get("points") or CURVE_POINTS)
+    sign = _sign(study)
+    trials = [t for t in trial_summaries(session, study.id) if t.status != "pending"]
+    arm = options.get("arm")
+    if arm:
+        trials = [t for t in trials if arm_label(t.arm) == arm]
+    trials.sort(key=lambda t: (not t.feasible, sign * float(t.objective or 0.0) if t.feasible else 0.0, t.number))
+    chosen = trials[:limit]
+    horizon = horizon_of(session, study) or 1.0
+    width = max(1, math.ceil(horizon / max(points, 2)))
+    raw = downsampled(session, [t.id for t in chosen], metric, width)
+    curves: list[dict[str, Any]] = []
+    for rank, t in enumerate(chosen, start=1):
+        steps, values = raw.get(t.id, ([], []))
+        if not steps:
+            continue
+        curves.append(
+            {
+                "id": t.id,
+                "number": t.number,
+                "rank": rank,
+                "arm": arm_label(t.arm),
+                "status": t.status,
+                "text": hover(t, study.metric),
+                "steps": steps,
+                "values": values,
+            }
+        )
+    log = is_loss(metric) and all(v is None or v > 0 for c in curves for v in c["values"])
+    every = np.array([v for c in curves for v in c["values"] if v is not None], dtype=float)
+    return {
+        "metric_name": metric,
+        "curves": curves,
+        "log_y": log,
+        "y_range": robust_range(every, log) if len(every) else None,
+        "n_trials": len(trials),
+        "width": width,
+        "arms": sorted({arm_label(t.arm) for t in trials}),
+    }
+
+
+def is_loss(metric: str) -> bool:
+    """Losses are drawn on a log axis: their interesting part spans decades."""
+    return "loss" in metric or "perplexity" in metric
+
+
+def trial_curves(db: Database, trial_id: int, points: int = 400) -> dict[str, Any]:
+    """Every metric of one trial, downsampled to about `points` points, for its page."""
+    with db.transaction() as session:
+        row = session.get(Trial, trial_id)
+        if row is None:
+            raise NotFound(f"trial {trial_id} not found")
+        study = queries.study_info(session, row.study_id)
+        names = [
+            r[0]
+            for r in session.execute(
+                text("SELECT DISTINCT name FROM metric_points WHERE trial_id = :id ORDER BY name"), {"id": trial_id}
+            )
+        ]
+        last = session.execute(text("SELECT max(step) FROM metric_points WHERE trial_id = :id"), {"id": trial_id})
+        horizon = horizon_of(session, study) or float(last.scalar() or 1)
+        width = max(1, math.ceil(horizon / points))
+        metrics = []
+        for name in names:
+            steps, values = downsampled(session, [trial_id], name, width).get(trial_id, ([], []))
+            log = is_loss(name) and all(v is None or v > 0 for v in values)
+            # one trial's own curve: every point in view (robust limits are for many curves)
+            metrics.append({"name": name, "steps": steps, "values": values, "log_y": log, "y_range": None})
+        metrics.sort(key=lambda m: (m["name"] != study.metric, not is_loss(m["name"]), m["name"]))
+        clip = (row.params or {}).get("grad_clip_norm")
+        return json_safe(
+            {
+                "trial_id": trial_id,
+                "status": row.status.value,
+                "objective": study.metric,
+                "best_step": row.best_step,
+                "grad_clip_norm": clip,
+                "metrics": metrics,
+            }
+        )
+
+
+# --- charts drawn from the report plots' data ---------------------------------------------------
+
+
+def _grad_norm(db: Database, study_id: int, _options: dict[str, Any]) -> dict[str, Any]:
+    """The unclipped gradient norm of each arm's best trial, with its 90th percentile and the
+    trial's clipping threshold when it clips (params.grad_clip_norm)."""
+    data = plot_data(db, study_id, "grad_norm")
+    with db.transaction() as session:
+        ids = [int(e["trial_id"]) for e in data["entries"]]
+        rows = session.execute(select(Trial.id, Trial.params).where(Trial.id.in_(ids))).all() if ids else []
+        clips: dict[int, Any] = {r.id: r.params for r in rows}
+    entries = []
+    for e in data["entries"]:
+        curve = e.get("curve")
+        steps, values = _thin(curve.steps, curve.values) if curve is not None and len(curve) else ([], [])
+        clip = (clips.get(e["trial_id"]) or {}).get("grad_clip_norm")
+        entries.append(
+            {
+                "id": e["trial_id"],
+                "label": e["label"],
+                "p90": e.get("p90"),
+                "clip": clip,
+                "steps": steps,
+                "values": values,
+            }
+        )
+    return {"kind": "grad_norm", "study": data["study"], "metric": data["metric"], "entries": entries}
+
+
+def _thin(steps: np.ndarray, values: np.ndarray, points: int = 400) -> tuple[list[float], list[float | None]]:
+    """Every k-th point of a long curve (k so that about `points` remain); NaN becomes None."""
+    k = max(1, math.ceil(len(steps) / points))
+    return steps[::k].tolist(), [None if not math.isfinite(v) else float(v) for v in values[::k]]
+
+
+def _isolation(db: Database, study_id: int, _options: dict[str, Any]) -> dict[str, Any]:
+    """Best trial per scientific value with error bars (replica std) and, when the analysis
+    computed one, the replica confidence interval of that arm."""
+    data = plot_data(db, study_id, "isolation")
+    arms = {a["best_trial_id"]: a for a in data["arms"] if a["best_trial_id"] is not None}
+    series = []
+    for s in data["series"]:
+        points = [p for p in s["points"] if p["best_value"] is not None]
+        series.append(
+            {
+                "param": s["param"],
+                "kind": s["kind"],
+                "label": s.get("label"),
+                "x": [p["x"] for p in points],
+                "y": [p["best_value"] for p in points],
+                "std": [p.get("std") for p in points],
+                "ci": [arms.get(p["trial_id"], {}).get("replica_ci") for p in points],
+                "n": [p.get("n") for p in points],
+                "ids": [p["trial_id"] for p in points],
+            }
+        )
+    return {
+        "kind": "isolation",
+        "study": data["study"],
+        "metric": data["metric"],
+        "mode": data["mode"],
+        "series": series,
+    }
+
+
+def _best_steps(db: Database, study_id: int, _options: dict[str, Any]) -> dict[str, Any]:
+    data = plot_data(db, study_id, "best_steps")
+    summary = data["summary"]
+    top = summary.get("top") or {}
+    return {
+        "kind": "best_steps",
+        "study": data["study"],
+        "metric": data["metric"],
+        "max_train_steps": summary.get("max_train_steps"),
+        "fractions": summary.get("best_step_fractions") or [],
+        "top_fractions": top.get("fractions") or [],
+    }
+
+
+def _budget(db: Database, study_id: int, _options: dict[str, Any]) -> dict[str, Any]:
+    data = plot_data(db, study_id, "budget")
+    keys = ("label", "n", "k", "p5", "p25", "median", "p75", "p95", "mean", "flattened")
+    series = [{k: s.get(k) for k in keys} for s in data["series"]]
+    return {"kind": "budget", "study": data["study"], "metric": data["metric"], "mode": data["mode"], "series": series}
+
+
+_CHARTS: dict[str, Callable[[Session, queries.StudyInfo, dict[str, Any]], dict[str, Any]]] = {
+    "progress": _progress,
+    "history": _history,
+    "axis": _axis,
+    "parallel": _parallel,
+    "contour": _contour,
+    "importance": _importance,
+    "curves": _curves,
+    "grad_norm": lambda *_: {},
+    "isolation": lambda *_: {},
+    "best_steps": lambda *_: {},
+    "budget": lambda *_: {},
+}
+_FROM_PLOTDATA: dict[str, Callable[[Database, int, dict[str, Any]], dict[str, Any]]] = {
+    "grad_norm": _grad_norm,
+    "isolation": _isolation,
+    "best_steps": _best_steps,
+    "budget": _budget,
+}
+
+
+def best_per_arm(db: Database, study_id: int) -> dict[str, Any]:
+    """For the compare page: a study's best trial per arm (arm summaries of the analysis)."""
+    with db.transaction() as session:
+        study = queries.study_info(session, study_id)
+        arms = arm_summaries(queries.trial_summaries(session, study_id), _sign(study))
+    return json_safe({"id": study.id, "name": study.name, "metric": study.metric, "mode": study.mode, "arms": arms})

@@ -1,0 +1,69 @@
+"""Notes people keep on a study or a trial (why it ran, what it showed): one text per target,
+replaced whole on each save. Stored in `notes` with `trial_id` 0 for the study itself."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import select
+
+from .db import Database
+from .errors import InvalidInput, NotFound
+from .models import Note, Study, Trial
+
+MAX_NOTE_CHARS = 20_000
+STUDY_NOTE = 0
+
+
+def _target(session: Any, study_id: int | None, trial_id: int | None) -> tuple[int, int]:
+    if trial_id is not None:
+        trial = session.get(Trial, trial_id)
+        if trial is None:
+            raise NotFound(f"trial {trial_id} not found")
+        return trial.study_id, trial_id
+    assert study_id is not None
+    if session.get(Study, study_id) is None:
+        raise NotFound(f"study {study_id} not found")
+    return study_id, STUDY_NOTE
+
+
+def get_note(db: Database, *, study_id: int | None = None, trial_id: int | None = None) -> dict[str, Any]:
+    """`{body, updated_at}` of the note on a study or a trial ("" and None when none was written)."""
+    with db.transaction() as session:
+        key = _target(session, study_id, trial_id)
+        note = session.get(Note, key)
+        return _public(note)
+
+
+def set_note(db: Database, body: str, *, study_id: int | None = None, trial_id: int | None = None) -> dict[str, Any]:
+    """Replaces the note; an empty body keeps an empty note (the history is the writer's)."""
+    if len(body) > MAX_NOTE_CHARS:
+        raise InvalidInput.one("body", f"a note holds at most {MAX_NOTE_CHARS} characters, got {len(body)}")
+    with db.transaction() as session:
+        key = _target(session, study_id, trial_id)
+        note = session.get(Note, key)
+        now = datetime.now(timezone.utc)
+        if note is None:
+            note = Note(study_id=key[0], trial_id=key[1], body=body, updated_at=now)
+            session.add(note)
+        else:
+            note.body, note.updated_at = body, now
+        session.flush()
+        return _public(note)
+
+
+def study_notes(db: Database, study_id: int) -> dict[int, str]:
+    """Every non-empty note of a study's trials, by trial id (for the trial table)."""
+    with db.transaction() as session:
+        rows = session.execute(
+            select(Note.trial_id, Note.body).where(Note.study_id == study_id, Note.trial_id != STUDY_NOTE)
+        ).all()
+        return {r.trial_id: r.body for r in rows if r.body}
+
+
+def _public(note: Note | None) -> dict[str, Any]:
+    if note is None:
+        return {"body": "", "updated_at": None}
+    at = note.updated_at
+    return {"body": note.body, "updated_at": at.isoformat() if at is not None else None}

@@ -1,0 +1,467 @@
+// The study page: draws each chart from its JSON endpoint with Plotly, keeps the progress box
+// live by polling the cheap progress endpoint, and redraws charts and the table when a trial
+// starts or finishes. The trial table is sorted, filtered and paged on the server.
+(function () {
+  "use strict";
+  var root = document.getElementById("study");
+  if (!root) return;
+  var hpo = window.hpo;
+  var id = root.dataset.studyId;
+  var metric = root.dataset.metric;
+  var api = "/api/v1/studies/" + id;
+  var HOVER = "%{text}<extra></extra>";
+
+  function el(kind) { return root.querySelector('[data-chart="' + kind + '"]'); }
+
+  // SVG keeps every point in the DOM (and testable); past a few thousand points WebGL draws
+  // them without freezing the page.
+  // (measured on a 5,000-trial study: one SVG chart of 5,000 points draws faster than starting
+  // WebGL without a GPU, three panels of 5,000 do not).
+  function scatterType(n, limit) { return n > (limit === null || limit === undefined ? 10000 : limit) ? "scattergl" : "scatter"; }
+
+  function withText(s, texts) { s.text = s.ids.map(function (i) { return texts[i]; }); return s; }
+
+  function markers(s, color, symbol, limit) {
+    return {
+      type: scatterType(s.x.length, limit), mode: "markers", name: s.name, x: s.x, y: s.y, customdata: s.ids, text: s.text,
+      hovertemplate: HOVER, marker: { color: color, size: symbol ? 9 : 7, symbol: symbol || "circle", opacity: 0.85 },
+    };
+  }
+
+  function infeasibleTrace(inf) {
+    var t = markers({ name: "infeasible", x: inf.x, y: inf.y, ids: inf.ids, text: inf.text }, hpo.INFEASIBLE, "x");
+    return t;
+  }
+
+  // --- charts ------------------------------------------------------------------------------
+
+  var draw = {};
+
+  draw.history = function (d, box) {
+    if (!d.n_trials) return hpo.empty(box, "No trials have run yet.");
+    if (!d.n_feasible && !d.infeasible.x.length) return hpo.empty(box, "No completed trials yet.");
+    var traces = d.series.map(function (s, i) { return markers(withText(s, d.text), hpo.COLORS[i % hpo.COLORS.length]); });
+    if (d.infeasible.x.length) traces.push(infeasibleTrace(withText(d.infeasible, d.text)));
+    traces.push({ type: "scatter", mode: "lines", name: "best so far", x: d.best.x, y: d.best.y,
+      line: { shape: "hv", color: "#333", width: 1.5 }, hoverinfo: "skip" });
+    return hpo.draw(box, traces, hpo.layout({ xaxis: { title: { text: "trial number" } }, yaxis: { title: { text: metric } } }), "history");
+  };
+
+  function panels(box, items, drawOne) {
+    box.innerHTML = "";
+    var total = 0;
+    var t0 = performance.now();
+    return Promise.all(items.map(function (item) {
+      var div = document.createElement("div");
+      div.className = "plot panel";
+      box.appendChild(div);
+      var spec = drawOne(item);
+      total += spec.traces.reduce(function (n, t) { return n + (t.x ? t.x.length : 0); }, 0);
+      return Plotly.react(div, spec.traces, spec.layout, hpo.config(spec.name)).then(function () {
+        div.on("plotly_click", function (ev) {
+          var p = ev && ev.points && ev.points[0];
+          if (p && p.customdata) window.location.href = "/trials/" + p.customdata;
+        });
+      });
+    })).then(function () {
+      box.dataset.rendered = "1";
+      box.dataset.drawMs = String(Math.round(performance.now() - t0));
+      box.dataset.points = String(total);
+      box.dataset.empty = "0";
+      hpo.settled();
+    });
+  }
+
+  draw.axis = function (d, box) {
+    if (!d.panels.length) return hpo.empty(box, "No varied hyperparameters: nothing to plot against.");
+    var any = d.panels.some(function (p) { return p.series.length || p.infeasible.x.length; });
+    if (!any) return hpo.empty(box, "No completed trials yet.");
+    return panels(box, d.panels, function (p) {
+      var n = p.series.reduce(function (k, s) { return k + s.x.length; }, 0);
+      var traces = p.series.map(function (s, i) { return markers(withText(s, d.text), hpo.COLORS[i % hpo.COLORS.length], null, n > 2000 ? 0 : null); });
+      if (p.infeasible.x.length) traces.push(infeasibleTrace(withText(p.infeasible, d.text)));
+      var shapes = (p.bounds || []).map(function (b) {
+        return { type: "line", xref: "x", yref: "paper", x0: b, x1: b, y0: 0, y1: 1, line: { dash: "dash", color: "#999", width: 1 } };
+      });
+      var xaxis = { title: { text: p.param + " (" + p.role + ")" }, type: p.axis_type };
+      if (p.categories) { xaxis.categoryorder = "array"; xaxis.categoryarray = p.categories; }
+      return {
+        traces: traces, name: "axis-" + p.name,
+        layout: hpo.layout({ height: 320, shapes: shapes, xaxis: xaxis, yaxis: { title: { text: metric } },
+          showlegend: traces.length > 1, margin: { l: 64, r: 12, t: 12, b: 48 } }),
+      };
+    });
+  };
+
+  draw.isolation = function (d, box) {
+    var series = d.series.filter(function (s) { return s.x.length; });
+    if (!series.length) return hpo.empty(box, d.series.length ? "No completed trials yet." : "No scientific hyperparameters.");
+    return panels(box, series, function (s) {
+      var text = s.x.map(function (x, i) {
+        var ci = s.ci[i] ? "<br>95% CI [" + hpo.fmt(s.ci[i][0]) + ", " + hpo.fmt(s.ci[i][1]) + "]" : "";
+        var sd = s.std[i] !== null ? "<br>replica std " + hpo.fmt(s.std[i]) : "<br>no replicas: trial variance unknown";
+        return "trial " + s.ids[i] + "<br>" + x + "<br>best " + metric + " = " + hpo.fmt(s.y[i]) + sd + ci + "<br>" + s.n[i] + " trials";
+      });
+      var trace = { type: "scatter", mode: s.kind === "buckets" ? "lines+markers" : "markers", x: s.x, y: s.y, customdata: s.ids,
+        text: text, hovertemplate: HOVER, name: s.param, marker: { size: 10, color: hpo.COLORS[0] },
+        error_y: { type: "data", array: s.std.map(function (v) { return v || 0; }), visible: true, thickness: 1.5, width: 6 } };
+      var title = s.param + (s.label && s.label !== "all trials" ? " (" + s.label + ")" : "");
+      // Without replicas nothing says how big a gap noise makes: say so rather than zoom into it.
+      var unknown = s.std.every(function (v) { return v === null; });
+      var notes = unknown ? [{ text: "no replicas: trial variance unknown, a small gap may be noise", xref: "paper", yref: "paper",
+        x: 0, y: 1.06, showarrow: false, xanchor: "left", font: { size: 11, color: "#a15c00" } }] : [];
+      return { traces: [trace], name: "isolation", layout: hpo.layout({ height: 320, showlegend: false, annotations: notes,
+        xaxis: { title: { text: title }, type: s.kind === "arms" ? "category" : "linear", automargin: true },
+        yaxis: { title: { text: "best " + metric }, automargin: true } }) };
+    });
+  };
+
+  draw.importance = function (d, box) {
+    var caption = box.parentElement.querySelector("[data-method]");
+    if (caption) caption.textContent = "— " + d.method;
+    if (!d.params.length) return hpo.empty(box, d.message || "No completed trials yet.");
+    var ps = d.params.slice().reverse();
+    return hpo.draw(box, [{ type: "bar", orientation: "h", x: ps.map(function (p) { return p.importance; }),
+      y: ps.map(function (p) { return p.name; }), error_x: { type: "data", array: ps.map(function (p) { return p.std; }) },
+      marker: { color: hpo.COLORS[0] }, hovertemplate: "%{y}: %{x:.3g}<extra></extra>", name: "importance" }],
+      hpo.layout({ showlegend: false, margin: { l: 140, r: 16, t: 12, b: 48 },
+        xaxis: { title: { text: "drop in R² when shuffled (" + d.n + " trials)" } } }), "importance");
+  };
+
+  draw.parallel = function (d, box) {
+    if (d.n < 2) return hpo.empty(box, d.n ? "Only one completed trial so far." : "No completed trials yet.");
+    var caption = box.parentElement.querySelector("figcaption");
+    if (d.n < d.n_feasible && caption && !caption.dataset.noted) {
+      caption.dataset.noted = "1";
+      caption.appendChild(document.createTextNode(" — the best " + d.n + " of " + d.n_feasible + " completed trials"));
+    }
+    var dims = d.axes.map(function (a) {
+      var dim = { label: a.label, values: a.values };
+      if (a.range) dim.range = a.range;
+      if (a.tickvals) { dim.tickvals = a.tickvals; dim.ticktext = a.ticktext; }
+      return dim;
+    });
+    var reverse = root.dataset.mode === "max";
+    return hpo.draw(box, [{ type: "parcoords", dimensions: dims, customdata: d.ids,
+      line: { color: d.color, colorscale: "Viridis", reversescale: !reverse, showscale: true,
+        colorbar: { title: { text: metric } } } }],
+      hpo.layout({ height: 400, margin: { l: 60, r: 80, t: 48, b: 24 } }), "parallel");
+  };
+
+  var contourChoice = {};
+  draw.contour = function (d, box) {
+    var selects = box.parentElement.querySelectorAll("[data-contour]");
+    selects.forEach(function (s) {
+      var axis = s.dataset.contour;
+      if (!s.options.length) {
+        d.choices.forEach(function (c) { var o = document.createElement("option"); o.textContent = c; s.appendChild(o); });
+        s.addEventListener("change", function () { contourChoice[axis] = s.value; load("contour"); });
+      }
+      if (d[axis]) s.value = d[axis];
+    });
+    if (!d.points || !d.points.x.length) return hpo.empty(box, d.message || "No completed trials yet.");
+    var traces = [];
+    if (d.grid) traces.push({ type: "contour", x: d.grid.x, y: d.grid.y, z: d.grid.z, colorscale: "Viridis",
+      reversescale: root.dataset.mode !== "max", connectgaps: false, hoverinfo: "skip", contours: { coloring: "heatmap" },
+      colorbar: { title: { text: metric } }, name: metric });
+    traces.push({ type: scatterType(d.points.x.length), mode: "markers", x: d.points.x, y: d.points.y, customdata: d.points.ids,
+      text: withText(d.points, d.text).text, hovertemplate: HOVER, name: "trials", marker: { color: "#fff", size: 7, line: { color: "#000", width: 1 } } });
+    return hpo.draw(box, traces, hpo.layout({ showlegend: false, xaxis: { title: { text: d.x }, type: d.x_type },
+      yaxis: { title: { text: d.y }, type: d.y_type } }), "contour");
+  };
+
+  draw.best_steps = function (d, box) {
+    if (!d.fractions.length) return hpo.empty(box, "No completed trials yet.");
+    var bins = { start: 0, end: 1, size: 0.05 };
+    var traces = [{ type: "histogram", x: d.fractions, xbins: bins, name: "all trials", marker: { color: "#bbb" } }];
+    if (d.top_fractions.length) traces.push({ type: "histogram", x: d.top_fractions, xbins: bins, name: "best trials", marker: { color: hpo.COLORS[0] } });
+    var shade = function (x0, x1, color) { return { type: "rect", xref: "x", yref: "paper", x0: x0, x1: x1, y0: 0, y1: 1, fillcolor: color, opacity: 0.1, line: { width: 0 } }; };
+    return hpo.draw(box, traces, hpo.layout({ barmode: "overlay", shapes: [shade(0, 0.1, hpo.INFEASIBLE), shade(0.75, 1, hpo.COLORS[0])],
+      xaxis: { title: { text: "best step / max_train_steps (" + hpo.fmt(d.max_train_steps) + ")" }, range: [0, 1] },
+      yaxis: { title: { text: "trials" } } }), "best_steps");
+  };
+
+  draw.budget = function (d, box) {
+    if (!d.series.length) return hpo.empty(box, "No finished trials yet.");
+    var traces = [];
+    d.series.forEach(function (s, i) {
+      var color = hpo.COLORS[i % hpo.COLORS.length];
+      var worst = function (q) { return s[q].map(function (v) { return v === null ? NaN : v; }); };
+      traces.push({ type: "box", name: s.label + (s.flattened ? " (flattened)" : " (not flattened)"), x: s.k,
+        q1: worst("p25"), median: worst("median"), q3: worst("p75"), lowerfence: worst("p5"), upperfence: worst("p95"),
+        marker: { color: color }, offsetgroup: String(i), hoverinfo: "x+y" });
+      traces.push({ type: "scatter", mode: "lines", x: s.k, y: s.mean, name: "expected best, " + s.label, line: { color: color, dash: "dot" } });
+    });
+    return hpo.draw(box, traces, hpo.layout({ boxmode: "group", xaxis: { title: { text: "number of trials k" } },
+      yaxis: { title: { text: "best " + metric + " of k (p5–p95)" } } }), "budget");
+  };
+
+  var curveOptions = function () {
+    var fig = el("curves").parentElement;
+    var get = function (name) { return fig.querySelector('[data-curves="' + name + '"]'); };
+    return { metric: get("metric").value, arm: get("arm").value, limit: get("limit").value, highlight: get("highlight").value };
+  };
+
+  draw.curves = function (d, box) {
+    if (!d.curves.length) return hpo.empty(box, d.n_trials ? "No " + d.metric_name + " reported yet." : "No trials have run yet.");
+    // Every curve in one trace, separated by gaps: one SVG path for 1,000 trials.
+    var x = [], y = [], ids = [], text = [];
+    d.curves.forEach(function (c) {
+      for (var i = 0; i < c.steps.length; i++) {
+        x.push(c.steps[i]); y.push(c.values[i]); ids.push(c.id); text.push(c.text + "<br>step " + c.steps[i] + ": " + hpo.fmt(c.values[i]));
+      }
+      x.push(null); y.push(null); ids.push(null); text.push("");
+    });
+    var traces = [{ type: x.length > 20000 ? "scattergl" : "scatter", mode: "lines", x: x, y: y, customdata: ids, text: text, hovertemplate: HOVER,
+      name: d.curves.length + " trials", line: { color: "rgba(31,119,180,0.3)", width: 1 }, connectgaps: false }];
+    var wanted = curveOptions().highlight.split(/[\s,]+/).filter(Boolean).map(Number);
+    var chosen = d.curves.filter(function (c) { return wanted.indexOf(c.id) >= 0; });
+    if (!chosen.length) chosen = d.curves.slice(0, 3);
+    chosen.forEach(function (c, i) {
+      traces.push({ type: "scatter", mode: "lines", x: c.steps, y: c.values, customdata: c.steps.map(function () { return c.id; }),
+        text: c.steps.map(function (s, j) { return c.text + "<br>step " + s + ": " + hpo.fmt(c.values[j]); }), hovertemplate: HOVER,
+        name: "trial " + c.id + " (#" + c.rank + ")", line: { color: hpo.COLORS[(i + 1) % hpo.COLORS.length], width: 2.5 } });
+    });
+    var yaxis = { title: { text: d.metric_name + (d.log_y ? " (log)" : "") }, type: d.log_y ? "log" : "linear" };
+    if (d.y_range) yaxis.range = d.y_range;
+    return hpo.draw(box, traces, hpo.layout({ height: 460, xaxis: { title: { text: "step" } }, yaxis: yaxis }), "curves");
+  };
+
+  draw.grad_norm = function (d, box) {
+    var entries = d.entries.filter(function (e) { return e.steps.length; });
+    if (!entries.length) return hpo.empty(box, d.entries.length ? "No train/grad_norm reported." : "No completed trials yet.");
+    var traces = [], shapes = [];
+    entries.forEach(function (e, i) {
+      var color = hpo.COLORS[i % hpo.COLORS.length];
+      traces.push({ type: "scatter", mode: "lines", x: e.steps, y: e.values, name: e.label + " (trial " + e.id + ")",
+        customdata: e.steps.map(function () { return e.id; }), line: { color: color, width: 1 },
+        hovertemplate: "trial " + e.id + "<br>step %{x}: %{y:.3g}<extra></extra>" });
+      var hline = function (v, dash) { return { type: "line", xref: "paper", x0: 0, x1: 1, y0: v, y1: v, line: { color: color, dash: dash, width: 1.2 } }; };
+      if (e.p90 !== null) shapes.push(hline(e.p90, "dash"));
+      if (e.clip !== null && e.clip !== undefined) shapes.push(hline(e.clip, "dot"));
+    });
+    return hpo.draw(box, traces, hpo.layout({ shapes: shapes, xaxis: { title: { text: "step" } },
+      yaxis: { title: { text: "gradient norm (log)" }, type: "log" } }), "grad_norm");
+  };
+
+  function url(kind) {
+    var q = "";
+    if (kind === "curves") {
+      var o = curveOptions();
+      q = "?metric=" + encodeURIComponent(o.metric) + "&limit=" + encodeURIComponent(o.limit || 1000) + (o.arm ? "&arm=" + encodeURIComponent(o.arm) : "");
+    } else if (kind === "contour" && contourChoice.x && contourChoice.y) {
+      q = "?x=" + encodeURIComponent(contourChoice.x) + "&y=" + encodeURIComponent(contourChoice.y);
+    }
+    return api + "/charts/" + kind + q;
+  }
+
+  function load(kind) {
+    var box = el(kind);
+    if (!box) return Promise.resolve();
+    return hpo.getJSON(url(kind)).then(function (d) { return draw[kind](d, box); }).catch(function (e) { hpo.failed(box, e); });
+  }
+
+  // Charts draw when they come near the viewport, one at a time, so the page stays responsive
+  // while a big study's charts draw; a live redraw touches only the charts already drawn.
+  var queue = Promise.resolve();
+  function enqueue(kind) {
+    queue = queue.then(function () {
+      return new Promise(function (resolve) { setTimeout(resolve, 0); });
+    }).then(function () { return load(kind); });
+    return queue;
+  }
+
+  function loadAll() {
+    return Promise.all(Object.keys(draw).filter(function (kind) {
+      var box = el(kind);
+      return box && box.dataset.rendered;
+    }).map(enqueue));
+  }
+
+  var seen = new IntersectionObserver(function (entries) {
+    entries.forEach(function (entry) {
+      if (!entry.isIntersecting) return;
+      var box = entry.target;
+      seen.unobserve(box);
+      box.dataset.requested = "1";
+      enqueue(box.dataset.chart);
+    });
+  }, { rootMargin: "200px" });
+
+  var curveFig = el("curves") && el("curves").parentElement;
+  if (curveFig) curveFig.querySelectorAll("[data-curves]").forEach(function (c) {
+    c.addEventListener("change", function () { load("curves"); });
+  });
+
+  // --- trial table ---------------------------------------------------------------------------
+
+  var table = { sort: "number", desc: false, offset: 0, limit: 50, filtered: 0 };
+  var form = document.getElementById("trial-filters");
+
+  function tableURL() {
+    var q = ["sort=" + table.sort, "desc=" + table.desc, "offset=" + table.offset, "limit=" + table.limit];
+    form.querySelectorAll('input[name="status"]:checked').forEach(function (c) { q.push("status=" + c.value); });
+    var arm = form.elements["arm"].value;
+    if (arm) q.push("arm=" + encodeURIComponent(arm));
+    var name = form.elements["param-name"].value;
+    var lo = form.elements["param-lo"].value.trim(), hi = form.elements["param-hi"].value.trim();
+    if (name && (lo || hi)) q.push("param=" + encodeURIComponent(name + ":" + lo + ":" + hi));
+    return api + "/table?" + q.join("&");
+  }
+
+  function cell(tr, content, cls) {
+    var td = document.createElement("td");
+    if (cls) td.className = cls;
+    if (content instanceof Node) td.appendChild(content); else td.textContent = content;
+    tr.appendChild(td);
+  }
+
+  function loadTable() {
+    var summary = document.getElementById("table-summary");
+    return hpo.getJSON(tableURL()).then(function (t) {
+      table.filtered = t.filtered;
+      var body = document.querySelector("#trial-table tbody");
+      body.innerHTML = "";
+      t.rows.forEach(function (r) {
+        var tr = document.createElement("tr");
+        tr.dataset.trialId = r.id;
+        cell(tr, String(r.number), "num");
+        var a = document.createElement("a"); a.href = "/trials/" + r.id; a.textContent = "trial " + r.id; cell(tr, a);
+        var st = document.createElement("span"); st.className = "status " + r.status; st.textContent = r.status; cell(tr, st);
+        cell(tr, r.arm);
+        cell(tr, hpo.fmt(r.objective), "num");
+        cell(tr, hpo.fmt(r.best_step), "num");
+        cell(tr, hpo.duration(r.duration_seconds), "num");
+        cell(tr, Object.keys(r.params).map(function (k) { return k + "=" + hpo.fmt(r.params[k]); }).join(", "));
+        cell(tr, (t.notes[String(r.id)] || "").slice(0, 80));
+        body.appendChild(tr);
+      });
+      if (!t.rows.length) {
+        var tr = document.createElement("tr");
+        cell(tr, t.total ? "No trial matches the filters." : "No trials yet.");
+        tr.firstChild.colSpan = 9;
+        body.appendChild(tr);
+      }
+      summary.textContent = t.filtered + " of " + t.total + " trials" + (t.filtered < t.total ? " match the filters" : "");
+      var last = Math.min(t.offset + t.limit, t.filtered);
+      document.getElementById("table-page").textContent = t.filtered ? (t.offset + 1) + "–" + last + " of " + t.filtered : "";
+      document.querySelectorAll("#trial-table th[data-sort]").forEach(function (th) {
+        th.classList.toggle("sorted", th.dataset.sort === table.sort);
+        th.classList.toggle("desc", th.dataset.sort === table.sort && table.desc);
+      });
+      document.body.dataset.tableRows = String(t.rows.length);
+      document.body.dataset.tableFiltered = String(t.filtered);
+    }).catch(function (e) { summary.textContent = "Could not load the trials: " + e.message; });
+  }
+
+  if (form) {
+    form.addEventListener("submit", function (ev) { ev.preventDefault(); table.offset = 0; loadTable(); });
+    form.addEventListener("reset", function () { setTimeout(function () { table.offset = 0; loadTable(); }, 0); });
+    form.querySelectorAll('input[name="status"], select[name="arm"]').forEach(function (c) {
+      c.addEventListener("change", function () { table.offset = 0; loadTable(); });
+    });
+    document.querySelectorAll("#trial-table th[data-sort]").forEach(function (th) {
+      th.addEventListener("click", function () {
+        if (table.sort === th.dataset.sort) table.desc = !table.desc; else { table.sort = th.dataset.sort; table.desc = false; }
+        table.offset = 0;
+        loadTable();
+      });
+    });
+    document.querySelector('[data-page="prev"]').addEventListener("click", function () {
+      table.offset = Math.max(0, table.offset - table.limit); loadTable();
+    });
+    document.querySelector('[data-page="next"]').addEventListener("click", function () {
+      if (table.offset + table.limit < table.filtered) { table.offset += table.limit; loadTable(); }
+    });
+  }
+
+  // --- live progress -------------------------------------------------------------------------
+
+  var version = null;
+  var lastRedraw = 0;
+
+  function showProgress(p) {
+    Object.keys(p.counts).forEach(function (k) {
+      var span = root.querySelector('[data-count="' + k + '"]');
+      if (span) span.textContent = p.counts[k];
+    });
+    var bar = root.querySelector("#progress-live .progress");
+    if (bar && p.total) {
+      bar.innerHTML = "";
+      ["completed", "infeasible", "failed", "cancelled", "running"].forEach(function (s) {
+        if (!p.counts[s]) return;
+        var seg = document.createElement("span");
+        seg.className = "seg " + s;
+        seg.style.width = (100 * p.counts[s] / p.total) + "%";
+        bar.appendChild(seg);
+      });
+      var label = bar.nextElementSibling;
+      if (label) label.textContent = p.finished + "/" + p.total + " finished";
+    }
+    var eta = document.getElementById("progress-eta");
+    var left = p.counts.pending + p.counts.running;
+    if (!left) eta.textContent = "All trials finished.";
+    else if (p.eta_seconds !== null) eta.textContent = left + " trials left · about " + hpo.fmt(p.rate_per_hour) + " finish per hour · ETA " + hpo.duration(p.eta_seconds);
+    else eta.textContent = left + " trials left · ETA unknown until two trials finish within an hour";
+    var stall = document.getElementById("progress-stall");
+    stall.hidden = !p.stalled;
+    if (p.stalled) stall.textContent = p.idle_seconds === null
+      ? "Nothing has started yet: is a worker running? (hpo worker --server …)"
+      : "Nothing has started or finished for " + hpo.duration(p.idle_seconds) + ": are the workers still running?";
+    var running = document.getElementById("progress-running");
+    running.textContent = p.running.length ? "Running: " : "";
+    p.running.slice(0, 20).forEach(function (r, i) {
+      var a = document.createElement("a"); a.href = "/trials/" + r.id; a.textContent = "trial " + r.id;
+      if (i) running.appendChild(document.createTextNode(", "));
+      running.appendChild(a);
+    });
+    if (p.running.length > 20) running.appendChild(document.createTextNode(" and " + (p.running.length - 20) + " more"));
+    var status = document.getElementById("study-status");
+    status.textContent = p.status;
+    status.className = "status " + p.status;
+  }
+
+  // The analysis' sections: in the page when the server had them, fetched otherwise, and
+  // refreshed when a trial starts or finishes.
+  var sections = document.getElementById("analysis-sections");
+  function loadSections() {
+    return fetch(sections.dataset.src, { headers: { Accept: "text/html" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(new Error("HTTP " + r.status)); })
+      .then(function (html) { sections.innerHTML = html; sections.dataset.loaded = "1"; })
+      .catch(function (e) { sections.dataset.loaded = "0"; sections.querySelectorAll("p.empty").forEach(function (p) { p.textContent = "Could not run the checklist: " + e.message; }); });
+  }
+  if (sections && sections.dataset.pending) loadSections();
+  else if (sections) sections.dataset.loaded = "1";
+
+  function poll() {
+    return hpo.getJSON(api + "/charts/progress").then(function (p) {
+      showProgress(p);
+      var left = p.counts.pending + p.counts.running;
+      if (version !== null && p.version !== version && (Date.now() - lastRedraw > 5000 || !left)) {
+        lastRedraw = Date.now();
+        loadAll();
+        loadTable();
+        if (sections) loadSections();
+      }
+      version = p.version;
+      root.dataset.live = p.counts.pending + p.counts.running > 0 && p.status === "active" ? "1" : "0";
+    }).catch(function () { /* the next poll tries again */ });
+  }
+
+  function tick() {
+    if (!document.hidden) poll();
+    if (root.dataset.live === "1") setTimeout(tick, 3000);
+  }
+
+  Object.keys(draw).forEach(function (kind) {
+    var box = el(kind);
+    if (!box) return;
+    if (box.dataset.onDemand) {  // drawn on request: a chart whose WebGL start-up may freeze a GPU-less page
+      box.querySelector("[data-draw]").addEventListener("click", function () { box.dataset.requested = "1"; enqueue(kind); });
+    } else {
+      seen.observe(box);
+    }
+  });
+  loadTable();
+  poll().then(function () { if (root.dataset.live === "1") setTimeout(tick, 3000); });
+})();

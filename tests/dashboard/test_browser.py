@@ -1,0 +1,211 @@
+"""The dashboard in a real headless Chromium (Debian's chromium and chromium-driver, driven by
+Selenium): pages load without console errors, charts draw the expected number of points, hover
+names the trial, a click opens it, filters narrow the trial table, the live page follows a
+running study, and empty studies say so. Screenshots land in HPO_SCREENSHOT_DIR (default: the
+test's tmp folder).
+
+One server, one browser and one planted study are shared by the module (about 30 s in all).
+Chromium is required in CI (HPO_REQUIRE_POSTGRES=1 or HPO_REQUIRE_BROWSER=1 turn its absence
+into a failure); elsewhere these tests skip without it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hpo.settings import Settings
+from tests.analysis.protocol import analysis, create, run_one, run_pending
+from tests.analysis.test_dashboard import planted_study
+from tests.analysis.test_planted import spec, valley
+from tests.conftest import LiveServer
+
+REQUIRE_BROWSER = os.environ.get("HPO_REQUIRE_BROWSER") == "1" or os.environ.get("HPO_REQUIRE_POSTGRES") == "1"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("dash")
+    settings = Settings(database_url=f"sqlite:///{tmp / 'dash.db'}", artifact_root=tmp / "artifacts")
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        study = planted_study(client)
+        empty = create(client, spec("nothing-ran", num_trials=3))
+        yield {"url": server.url, "client": client, "study": study, "empty": empty}
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    binary, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:  # pragma: no cover - selenium is a dev dependency
+        binary = None
+    if binary is None or chromedriver is None:
+        message = "Debian's chromium and chromium-driver are not installed (apt-get install -y chromium-driver)"
+        if REQUIRE_BROWSER:
+            pytest.fail(message + " and CI requires the browser tests")
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--enable-unsafe-swiftshader", "--window-size=1400,2400"):  # fmt: skip
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    browser = webdriver.Chrome(service=Service(chromedriver), options=options)
+    browser.set_page_load_timeout(60)
+    yield browser
+    browser.quit()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Any, str], None]:
+    folder = Path(os.environ.get("HPO_SCREENSHOT_DIR") or tmp_path_factory.mktemp("screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def shoot(browser: Any, name: str) -> None:
+        height = browser.execute_script("return document.body.scrollHeight")
+        browser.set_window_size(1400, min(max(height, 800), 8000))
+        assert browser.save_screenshot(str(folder / f"dashboard-{name}.png"))
+        browser.set_window_size(1400, 2400)
+
+    return shoot
+
+
+def wait(browser: Any, script: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = browser.execute_script(script)
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for: {script}")
+
+
+def errors(browser: Any) -> list[str]:
+    """Console errors since the last call (warnings, such as software WebGL's, are not errors)."""
+    return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def draw_every_chart(browser: Any) -> dict[str, dict[str, str]]:
+    """Scrolls each chart into view (they draw when seen), asks for the on-request ones, and
+    answers every chart's data attributes once all have drawn."""
+    kinds = browser.execute_script(
+        "return Array.from(document.querySelectorAll('[data-chart]')).map(e => e.dataset.chart)"
+    )
+    for kind in kinds:
+        box = f"document.querySelector('[data-chart=\"{kind}\"]')"
+        browser.execute_script(f"{box}.scrollIntoView()")
+        if browser.execute_script(f"return {box}.dataset.onDemand"):
+            browser.execute_script(f"{box}.querySelector('[data-draw]').click()")
+        wait(browser, f"return {box}.dataset.rendered")
+    return browser.execute_script(
+        "var o = {}; document.querySelectorAll('[data-chart]')"
+        ".forEach(e => o[e.dataset.chart] = Object.assign({}, e.dataset));"
+        " return o;"
+    )
+
+
+def test_study_page_charts_hover_click_and_filters(site: dict, driver: Any, shots: Callable) -> None:
+    study = site["study"]
+    driver.get(f"{site['url']}/studies/{study['id']}")
+    charts = draw_every_chart(driver)
+    assert not [k for k, c in charts.items() if c.get("failed")], charts
+    assert {k for k, c in charts.items() if c.get("empty") == "1"} == set(), charts
+    shots(driver, "study")
+    # 24 completed trials: 24 points in the history and in each axis panel (2 panels)
+    history = driver.find_elements("css selector", '[data-chart="history"] .scatterlayer path.point')
+    assert len(history) == 24
+    assert len(driver.find_elements("css selector", '[data-chart="axis"] .scatterlayer path.point')) == 48
+    assert charts["parallel"]["points"] == "24" and charts["isolation"]["points"] == "2"
+    assert not driver.find_elements("css selector", '[data-chart="parallel"] p.empty'), "the request note leaves"
+    wait(driver, "return document.getElementById('analysis-sections').dataset.loaded === '1'")
+    assert "boundary" in driver.find_element("id", "warnings").text
+    assert errors(driver) == []
+
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    point = history[5]
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", point)
+    ActionChains(driver).move_to_element(point).perform()
+    text = wait(driver, "var h = document.querySelector('[data-chart=\"history\"] .hoverlayer .hovertext');"
+                        " return h && h.textContent")  # fmt: skip
+    trial_id = int(text.split()[1])
+    assert text.startswith(f"trial {trial_id} (no. ") and "learning_rate=" in text and "valid/error_rate = " in text
+    ActionChains(driver).click(point).perform()
+    wait(driver, f"return location.pathname === '/trials/{trial_id}'")
+    wait(driver, "return document.body.dataset.chartsReadyAt")
+    assert driver.find_elements("css selector", '[data-chart="valid/error_rate"] .scatterlayer .trace')
+    shots(driver, "trial")
+    assert errors(driver) == []
+
+    # the trial table: 24 rows, narrowed by arm, by a parameter range, then sorted by objective
+    driver.get(f"{site['url']}/studies/{study['id']}")
+    wait(driver, "return document.body.dataset.tableFiltered === '24'")
+    driver.find_element("css selector", '#trial-filters select[name="arm"] option[value=""]')
+    driver.execute_script("var s = document.querySelector('#trial-filters select[name=\"arm\"]');"
+                          " s.value = 'optimizer=adam'; s.dispatchEvent(new Event('change'));")  # fmt: skip
+    wait(driver, "return document.body.dataset.tableFiltered === '12'")
+    driver.find_element("css selector", '#trial-filters select[name="param-name"]').send_keys("learning_rate")
+    driver.find_element("css selector", '#trial-filters input[name="param-hi"]').send_keys("0.001")
+    driver.find_element("css selector", '#trial-filters button[type="submit"]').click()
+    narrowed = int(wait(driver, "var n = document.body.dataset.tableFiltered; return n !== '12' && n"))
+    assert 0 < narrowed < 12
+    rows = driver.find_elements("css selector", "#trial-table tbody tr")
+    assert len(rows) == narrowed and all("optimizer=adam" in r.text for r in rows)
+    shots(driver, "table")
+    assert errors(driver) == []
+
+
+def test_empty_study_and_error_page(site: dict, driver: Any, shots: Callable) -> None:
+    driver.get(f"{site['url']}/studies/{site['empty']['id']}")
+    charts = draw_every_chart(driver)
+    assert all(c.get("empty") == "1" for c in charts.values()), charts
+    wait(driver, "return document.getElementById('analysis-sections').dataset.loaded === '1'")
+    body = driver.find_element("tag name", "body").text
+    assert "No finished trials yet" in body and "nothing to fix" not in body
+    assert "Nothing has started yet" in wait(driver, "return document.getElementById('progress-stall').textContent")
+    shots(driver, "empty-study")
+    assert errors(driver) == []
+    driver.get(f"{site['url']}/studies/999999")
+    assert "study 999999 not found" in driver.find_element("id", "error-message").text
+    assert [e for e in errors(driver) if "404" not in e] == []  # the page's own 404 is the only one
+    driver.find_element("link text", "All studies").click()
+    wait(driver, "return location.pathname === '/'")
+    driver.get(f"{site['url']}/compare?studies={site['study']['id']},{site['empty']['id']}")
+    wait(driver, "return document.body.dataset.chartsReadyAt")
+    curves = driver.find_elements("css selector", '[data-chart="compare-curves"] .scatterlayer .trace')
+    assert len(curves) == 3, "the planted study's 3 best trials; the empty one has none"
+    assert "nothing-ran" in driver.find_element("id", "compare").text
+    assert errors(driver) == []
+    driver.get(f"{site['url']}/docs")
+    wait(driver, "return document.querySelector('.swagger-ui .info') !== null")  # rendered offline
+    shots(driver, "api-docs")
+
+
+def test_live_page_follows_a_running_study(site: dict, driver: Any) -> None:
+    client = site["client"]
+    assert client.patch(f"/api/v1/studies/{site['empty']['id']}", json={"status": "paused"}).status_code == 200
+    study = create(client, spec("live", num_trials=2))
+    driver.get(f"{site['url']}/studies/{study['id']}")
+    wait(driver, "return document.querySelector('[data-count=\"pending\"]').textContent === '2'")
+    claim = client.post("/api/v1/workers/claim", json={"worker_id": "w", "resources": {"cpus": 1, "gpus": 0}}).json()
+    wait(driver, "return document.querySelector('[data-count=\"running\"]').textContent === '1'", 15)
+    assert f"trial {claim['trial_id']}" in driver.find_element("id", "progress-running").text
+    run_one(client, claim, valley(0.5))
+    run_pending(client, valley(0.5))
+    wait(driver, "return document.querySelector('[data-count=\"completed\"]').textContent === '2'", 15)
+    # the history chart redraws with both trials, without a reload
+    wait(
+        driver, "return document.querySelectorAll('[data-chart=\"history\"] .scatterlayer path.point').length === 2", 20
+    )
+    assert "All trials finished." in driver.find_element("id", "progress-eta").text
+    assert analysis(client, study["id"])["trial_counts"]["completed"] == 2
+    assert errors(driver) == []
