@@ -19,6 +19,8 @@ class Settings:
     api_token: str | None = None
     lease_seconds: float = 60.0
     max_body_bytes: int = 32 * 1024 * 1024
+    # Child processes that fit bayesian models for this server (0: in a thread of the server itself).
+    bayesian_processes: int = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -32,6 +34,7 @@ class Settings:
             api_token=env.get("HPO_API_TOKEN") or None,
             lease_seconds=_number(env, "HPO_LEASE_SECONDS", defaults.lease_seconds),
             max_body_bytes=int(_number(env, "HPO_MAX_BODY_BYTES", defaults.max_body_bytes)),
+            bayesian_processes=int(_number(env, "HPO_BAYESIAN_PROCESSES", defaults.bayesian_processes)),
         )
         settings.validate()
         return settings
@@ -43,6 +46,8 @@ class Settings:
             )
         if not 1 <= self.lease_seconds <= 24 * 3600:
             raise SettingsError(f"HPO_LEASE_SECONDS must be between 1 and 86400, got {self.lease_seconds}")
+        if not 0 <= self.bayesian_processes <= 64:
+            raise SettingsError(f"HPO_BAYESIAN_PROCESSES must be between 0 and 64, got {self.bayesian_processes}")
         if self.max_body_bytes < 1024:
             raise SettingsError(f"HPO_MAX_BODY_BYTES must be at least 1024, got {self.max_body_bytes}")
 

@@ -15,6 +15,7 @@ from hpo.settings import Settings
 from . import leases
 from .api import analysis, dashboard, errors, health, studies, trials, workers
 from .api.middleware import BearerToken, BodyLimit
+from .bayesian.queue import Refiller
 from .db import Database
 
 _log = logging.getLogger("hpo.server")
@@ -29,10 +30,13 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         reaper = asyncio.create_task(_reap_forever(db, settings.lease_seconds / 4))
+        refiller = Refiller(db, processes=settings.bayesian_processes)  # bayesian proposal queues
+        refiller.start()
         try:
             yield
         finally:
             reaper.cancel()
+            await run_in_threadpool(refiller.stop)
             db.dispose()
 
     app = FastAPI(title="hpo", version="0.1.0", lifespan=lifespan)
