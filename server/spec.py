@@ -139,7 +139,7 @@ class BayesianSettings(_Strict):
     """Options of `algorithm: "bayesian"` (docs/bayesian.md; checked in hpo.server.bayesian.settings)."""
 
     initial_trials: int | None = Field(default=None, ge=0, le=MAX_TRIALS_PER_STUDY)
-    queue_size: int = Field(default=4, ge=1, le=256)
+    queue_size: int = Field(default=2, ge=1, le=256)
     warm_start: WarmStart | None = None
 
 

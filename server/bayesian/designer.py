@@ -50,6 +50,9 @@ class Problem:
     # Rounds a unit point to one the space can take (the centre of a categorical value's cell, a
     # whole number's); identity for continuous dimensions. Picklable (it crosses processes).
     snap: Snap | None = None
+    # Points to fall back on while too few results are feasible to model the objective: the
+    # continuation of the study's quasi-random sequence (at least q of them); Sobol points if empty.
+    fallback: list[Point] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -165,18 +168,20 @@ def _optimize(problem: Problem, model: Any, x: Any, constrained: bool, raw_sampl
 
 
 def _fallback(problem: Problem, feasibility: Any) -> list[Point]:
-    """Too few feasible results to model the objective: quasi-random points, preferring those the
-    feasibility model (when there is one) finds most likely feasible."""
+    """Too few feasible results to model the objective: the next quasi-random points; with a
+    feasibility model, the q most likely feasible of 64 Sobol points instead."""
     import torch
     from botorch.utils.sampling import draw_sobol_samples
 
+    if feasibility is None and len(problem.fallback) >= problem.q:
+        return [list(p) for p in problem.fallback[: problem.q]]
     bounds = torch.stack([torch.zeros(problem.dims), torch.ones(problem.dims)]).to(torch.double)
-    pool = draw_sobol_samples(bounds=bounds, n=256, q=1, seed=problem.seed).squeeze(1)
+    pool = draw_sobol_samples(bounds=bounds, n=64, q=1, seed=problem.seed).squeeze(1)
     if feasibility is not None:
         with torch.no_grad():
             score = feasibility.posterior(pool).mean.squeeze(-1)
         pool = pool[torch.argsort(score, descending=True)]
-    return [[float(u) for u in row] for row in pool[: max(problem.q * 4, problem.q)].tolist()][: problem.q]
+    return [[float(u) for u in row] for row in pool[: problem.q].tolist()]
 
 
 def _distinct(problem: Problem, points: list[Point]) -> list[Point]:

@@ -171,16 +171,19 @@ def _plan(db: Database, study_id: int) -> list[Job]:
             i = min(open_arms, key=lambda j: (counts[j], j))
             counts[i] += 1
             wanted[i] += 1
-        jobs, index = [], state.next_proposal
+        jobs, index, point = [], state.next_proposal, study.next_point_index
         for arm, q in zip(arms, wanted, strict=True):
             if q:
-                jobs.append(_job(spec, study, state, arm, q, index))
-                index += q
+                jobs.append(_job(spec, study, state, arm, q, index, point))
+                index, point = index + q, point + q
         return jobs
 
 
-def _job(spec: StudySpec, study: Study, state: BayesianState, arm: _ArmState, q: int, index: int) -> Job:
+def _job(spec: StudySpec, study: Study, state: BayesianState, arm: _ArmState, q: int, index: int, point: int) -> Job:
     space = bayes.arm_space(spec, arm.arm)
+    # The Halton points these trials' point indexes would have had: what the designer falls back
+    # on while too few results are feasible to model (the initial design, continued).
+    halton = [d.unit_point or [] for d in layout.layout_trials(spec, point, q) if d.arm == arm.arm]
     warm = [(u, v) for u, v in state.warm.get(arm_key(arm.arm), [])]
     observed = [(space.project(u), v) for _, u, v in arm.observed] + [(space.project(u), v) for u, v in warm]
     problem = Problem(
@@ -192,6 +195,7 @@ def _job(spec: StudySpec, study: Study, state: BayesianState, arm: _ArmState, q:
         seed=proposal_seed(study.seed, index),
         minimize=study.objective_mode == "min",
         snap=space.snap,
+        fallback=[space.project(u) for u in halton],
     )
     return Job(
         study_id=study.id,

@@ -62,7 +62,7 @@ def initial_trials(spec: StudySpec, warm_observations: int = 0) -> int:
 
 
 def queue_size(spec: StudySpec) -> int:
-    return spec.bayesian.queue_size if spec.bayesian is not None else 4
+    return spec.bayesian.queue_size if spec.bayesian is not None else 2
 
 
 @dataclass(frozen=True)
