@@ -258,7 +258,8 @@ def _insert(db: Database, study_id: int, owner: str, jobs: list[Job]) -> int:
         if state is None or study is None or state.lease_owner != owner or study.status is not StudyStatus.active:
             return 0
         spec = parse_spec(study.spec)
-        number = (session.scalar(select(func.max(Trial.number)).where(Trial.study_id == study_id)) or -1) + 1
+        last = session.scalar(select(func.max(Trial.number)).where(Trial.study_id == study_id))
+        number = 0 if last is None else last + 1
         point_index, made = study.next_point_index, 0
         for job in jobs:
             assert job.proposal is not None
