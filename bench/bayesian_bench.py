@@ -245,7 +245,7 @@ def quality(args: argparse.Namespace) -> None:
     out = Path(args.out)
     for name in args.problems.split(","):
         bench = PROBLEMS[name]
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for method in args.methods.split(","):
                 start = time.perf_counter()
                 values = METHODS[method](bench, seed)
@@ -379,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="part", required=True)
     q = sub.add_parser("quality")
     q.add_argument("--seeds", type=int, default=10)
+    q.add_argument("--first-seed", type=int, default=0)
     q.add_argument("--problems", default=",".join(PROBLEMS))
     q.add_argument("--methods", default=",".join(METHODS))
     q.add_argument("--out", default="bayesian_bench.jsonl")

@@ -87,7 +87,11 @@ def _propose(problem: Problem, raw_samples: int, num_restarts: int) -> tuple[lis
         return [[] for _ in range(problem.q)], "random", None
     dtype = torch.double
     sign = -1.0 if problem.minimize else 1.0
-    feasible = [(x, sign * v) for x, v in zip(problem.observed, problem.values, strict=True) if _finite(v)]
+    feasible = [
+        (x, sign * v)
+        for x, v in zip(problem.observed, problem.values, strict=True)
+        if v is not None and math.isfinite(v)
+    ]
     any_infeasible = len(feasible) < len(problem.observed)
     feasibility = _fit_feasibility(problem) if any_infeasible else None
     if len(feasible) < MIN_FEASIBLE:
@@ -141,7 +145,7 @@ def _optimize(problem: Problem, model: Any, x: Any, constrained: bool, raw_sampl
     options: dict[str, Any] = {}
     if constrained:
         options = {
-            "objective": GenericMCObjective(lambda samples, X=None: samples[..., 0]),
+            "objective": GenericMCObjective(_objective_output),
             # feasible where the feasibility GP's sample is >= 0.5 (a constraint is met when <= 0)
             "constraints": [lambda samples: 0.5 - samples[..., 1]],
         }
@@ -165,6 +169,10 @@ def _optimize(problem: Problem, model: Any, x: Any, constrained: bool, raw_sampl
         options={"batch_limit": num_restarts, "maxiter": 100, "seed": problem.seed},
     )
     return [[min(max(float(u), 0.0), 1.0) for u in row] for row in candidates.tolist()]
+
+
+def _objective_output(samples: Any, X: Any = None) -> Any:
+    return samples[..., 0]
 
 
 def _fallback(problem: Problem, feasibility: Any) -> list[Point]:
