@@ -26,7 +26,6 @@ import heapq
 import json
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -304,7 +303,8 @@ def batch(args: argparse.Namespace) -> None:
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
         print(
-            f"batch of 4 at 300 observations in 10 dims ({proposal.model}): {times[-1]:.2f} s wall, {cpu[-1]:.2f} s CPU",
+            f"batch of 4 at 300 observations in 10 dims ({proposal.model}): "
+            f"{times[-1]:.2f} s wall, {cpu[-1]:.2f} s CPU",
             flush=True,
         )
     # CPU time is what the call costs on an idle machine (one torch thread); wall time also
@@ -318,14 +318,37 @@ def batch(args: argparse.Namespace) -> None:
 # --- claim latency --------------------------------------------------------------------------------
 
 
+def _latency_worker(url: str, worker: int, seconds: float, barrier: Any, queue: Any) -> None:
+    from server_bench import JsonClient  # bench/ is on sys.path
+
+    client = JsonClient(url, use_httpx=False)
+    samples: list[tuple[float, int]] = []
+    barrier.wait()
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        started = time.perf_counter()
+        code, body = client.post(
+            "/api/v1/workers/claim", {"worker_id": f"w{worker}", "resources": {"cpus": 4, "gpus": 0}}
+        )
+        samples.append((time.perf_counter() - started, code))
+        if code != 200:
+            time.sleep(0.25)  # a worker's poll interval when nothing is pending
+            continue
+        time.sleep(1.0)  # the trial runs
+        value = sum((v - 0.3) ** 2 for v in body["config"]["params"].values())
+        lease, trial = body["lease_id"], body["trial_id"]
+        client.post(
+            f"/api/v1/trials/{trial}/metrics",
+            {"lease_id": lease, "points": [{"step": 1, "name": "loss", "value": value}]},
+        )
+        client.post(f"/api/v1/trials/{trial}/complete", {"lease_id": lease})
+    queue.put(samples)
+
+
 def latency(args: argparse.Namespace) -> None:
-    import tempfile
-    import threading
-
-    import httpx
-
-    from hpo.settings import Settings
-    from tests.conftest import LiveServer
+    """16 worker processes against `hpo server --workers 2` on Postgres; each claims, runs a 1 s
+    trial, reports and completes it, or waits 0.25 s after a 204."""
+    from server_bench import fresh_database, percentile, run_parallel, start_server
 
     spec = {
         "name": "latency",
@@ -335,51 +358,29 @@ def latency(args: argparse.Namespace) -> None:
         "hyperparameters": [
             {"name": f"x{i}", "role": "nuisance", "type": "float", "min": 0.0, "max": 1.0} for i in range(4)
         ],
-        "bayesian": {"queue_size": 16},
+        "bayesian": {"queue_size": 16, "initial_trials": 16},
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        url = args.url or f"sqlite:///{tmp}/hpo.db"
-        settings = Settings(database_url=url, artifact_root=Path(tmp) / "a", lease_seconds=60)
-        with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
-            assert http.post("/api/v1/studies", json=spec).status_code == 201
-            stop = time.monotonic() + args.seconds
-            samples: list[tuple[float, int]] = []
-            lock = threading.Lock()
+    if args.algorithm == "halton":  # the control: the same load without a model
+        spec = {**spec, "algorithm": "halton", "bayesian": None}
+    server = start_server(fresh_database(args.postgres, "hpo_bayes_bench"), args.port, 2)
+    try:
+        import httpx
 
-            def work(worker: int) -> None:
-                with httpx.Client(base_url=server.url, timeout=30) as client:
-                    while time.monotonic() < stop:
-                        start = time.perf_counter()
-                        r = client.post(
-                            "/api/v1/workers/claim",
-                            json={"worker_id": f"w{worker}", "resources": {"cpus": 4, "gpus": 0}},
-                        )
-                        elapsed = time.perf_counter() - start
-                        with lock:
-                            samples.append((elapsed, r.status_code))
-                        if r.status_code == 200:
-                            claim = r.json()
-                            value = sum((v - 0.3) ** 2 for v in claim["config"]["params"].values())
-                            lease = claim["lease_id"]
-                            client.post(
-                                f"/api/v1/trials/{claim['trial_id']}/metrics",
-                                json={"lease_id": lease, "points": [{"step": 1, "name": "loss", "value": value}]},
-                            )
-                            client.post(f"/api/v1/trials/{claim['trial_id']}/complete", json={"lease_id": lease})
-                        else:
-                            time.sleep(0.2)  # a worker's poll interval when nothing is pending
-
-            threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-    times = sorted(s for s, _ in samples)
+        url = f"http://127.0.0.1:{args.port}"
+        assert httpx.post(f"{url}/api/v1/studies", json=spec, timeout=30).status_code == 201
+        results, _ = run_parallel(_latency_worker, [(url, i, args.seconds) for i in range(16)])
+        with httpx.Client(base_url=url) as http:
+            trials = http.get("/api/v1/studies/1").json()["trial_counts"]
+    finally:
+        server.terminate()
+        server.wait()
+    samples = [s for result in results for s in result]
+    times = [t for t, _ in samples]
     got = sum(1 for _, c in samples if c == 200)
-    p50, p99 = times[len(times) // 2], times[min(len(times) - 1, int(0.99 * len(times)))]
     print(
-        f"16 workers, {len(times)} claims in {args.seconds:.0f} s ({got} got a trial, {len(times) - got} answered 204):"
-        f" p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+        f"{args.algorithm}: 16 workers, {len(times)} claims in {args.seconds:.0f} s "
+        f"({got} got a trial, {len(times) - got} answered 204;"
+        f" study: {trials}): p50 {percentile(times, 0.5) * 1000:.1f} ms, p99 {percentile(times, 0.99) * 1000:.1f} ms"
     )
 
 
@@ -399,11 +400,12 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--threads", type=int, default=1)
     lat = sub.add_parser("latency")
     lat.add_argument("--seconds", type=float, default=30.0)
-    lat.add_argument("--url", default=None)
+    lat.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432")
+    lat.add_argument("--port", type=int, default=8771)
+    lat.add_argument("--algorithm", choices=["bayesian", "halton"], default="bayesian")
     args = parser.parse_args(argv)
     {"quality": quality, "summary": summary, "batch": batch, "latency": latency}[args.part](args)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     main()

@@ -40,6 +40,9 @@ _log = logging.getLogger("hpo.server.bayesian")
 # Longer than any fit: a server that dies while fitting holds the study's queue this long at most.
 LEASE_SECONDS = 120.0
 FIT_TIMEOUT = LEASE_SECONDS - 20.0
+# Proposals per pass and study: a large queue is filled a few at a time, so the first ones reach
+# the workers without waiting for a long sequential batch (the next pass starts at once).
+MAX_BATCH = 4
 
 Runner = Callable[[Problem], Proposal]
 
@@ -161,7 +164,7 @@ def _plan(db: Database, study_id: int) -> list[Job]:
         pending = session.scalar(
             select(func.count()).where(Trial.study_id == study_id, Trial.status == TrialStatus.pending)
         )
-        room = bayes.queue_size(spec) - int(pending or 0)
+        room = min(bayes.queue_size(spec) - int(pending or 0), MAX_BATCH)
         counts = [a.created for a in arms]
         wanted = [0] * len(arms)
         for _ in range(max(room, 0)):
