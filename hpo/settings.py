@@ -25,6 +25,8 @@ class Settings:
     execution_policy: ExecutionPolicy = field(default_factory=ExecutionPolicy)
     # Signs dashboard sessions and trial tokens; generated once into the database when unset.
     session_secret: str | None = None
+    # Child processes that fit bayesian models for this server (0: in a thread of the server itself).
+    bayesian_processes: int = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -45,6 +47,7 @@ class Settings:
             max_body_bytes=int(_number(env, "HPO_MAX_BODY_BYTES", defaults.max_body_bytes)),
             execution_policy=policy,
             session_secret=env.get("HPO_SESSION_SECRET") or None,
+            bayesian_processes=int(_number(env, "HPO_BAYESIAN_PROCESSES", defaults.bayesian_processes)),
         )
         settings.validate()
         return settings
@@ -56,6 +59,8 @@ class Settings:
             )
         if not 1 <= self.lease_seconds <= 24 * 3600:
             raise SettingsError(f"HPO_LEASE_SECONDS must be between 1 and 86400, got {self.lease_seconds}")
+        if not 0 <= self.bayesian_processes <= 64:
+            raise SettingsError(f"HPO_BAYESIAN_PROCESSES must be between 0 and 64, got {self.bayesian_processes}")
         if self.max_body_bytes < 1024:
             raise SettingsError(f"HPO_MAX_BODY_BYTES must be at least 1024, got {self.max_body_bytes}")
         if self.session_secret is not None and len(self.session_secret) < 32:

@@ -19,6 +19,7 @@ from .api.hostile import HostileInput
 from .api.html_errors import HtmlErrors
 from .api.middleware import BodyLimit
 from .auth import Authenticator
+from .bayesian.queue import Refiller
 from .db import Database
 
 _log = logging.getLogger("hpo.server")
@@ -33,10 +34,13 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         reaper = asyncio.create_task(_reap_forever(db, settings.lease_seconds / 4))
+        refiller = Refiller(db, processes=settings.bayesian_processes)  # bayesian proposal queues
+        refiller.start()
         try:
             yield
         finally:
             reaper.cancel()
+            await run_in_threadpool(refiller.stop)
             db.dispose()
 
     # The API docs are served by the dashboard router from assets in our own packages (offline).

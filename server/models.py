@@ -207,3 +207,39 @@ class Note(Base):
     trial_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     body: Mapped[str] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class BayesianState(Base):
+    """A bayesian study's proposal queue (hpo.server.bayesian.queue): the lease that lets one
+    server process at a time fit its model, the proposal counter (seeds the designer) and the
+    latest model's view for the analysis."""
+
+    __tablename__ = "bayesian_state"
+
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), primary_key=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    # Seconds since the epoch on the database clock, like trial leases.
+    lease_until: Mapped[float | None] = mapped_column(Double)
+    next_proposal: Mapped[int] = mapped_column(Integer, default=0)
+    initial_trials: Mapped[int] = mapped_column(Integer)
+    # Warm-start observations: {"arm key": [[unit point], value or null], ...} from earlier studies.
+    warm: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    model_view: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
+
+
+class BayesianProposal(Base):
+    """What a proposed trial was made from: the finished trials observed, the trials pending or
+    running at the time, the seed and the model used."""
+
+    __tablename__ = "bayesian_proposals"
+
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), index=True)
+    proposal_index: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    model: Mapped[str] = mapped_column(String(32))
+    observed_trial_ids: Mapped[list[int]] = mapped_column(JsonDocument)
+    pending_trial_ids: Mapped[list[int]] = mapped_column(JsonDocument)
+    warm_observations: Mapped[int] = mapped_column(Integer)
+    fit_seconds: Mapped[float] = mapped_column(Double)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

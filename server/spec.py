@@ -153,6 +153,18 @@ class Resources(_Strict):
     gpus_per_worker: float = Field(default=0.0, ge=0, le=64)
 
 
+class WarmStart(_Strict):
+    study_ids: list[Annotated[int, Field(ge=1, lt=2**31), INTEGRAL]] = Field(min_length=1, max_length=20)
+
+
+class BayesianSettings(_Strict):
+    """Options of `algorithm: "bayesian"` (docs/bayesian.md; checked in hpo.server.bayesian.settings)."""
+
+    initial_trials: Integer | None = Field(default=None, ge=0, le=MAX_TRIALS_PER_STUDY)
+    queue_size: Integer = Field(default=2, ge=1, le=256)
+    warm_start: WarmStart | None = None
+
+
 class ManualTrial(_Strict):
     params: dict[str, Any]
     seed: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
@@ -163,7 +175,7 @@ class StudySpec(_Strict):
     description: str = Field(default="", max_length=100_000)
     goal: str = Field(default="", max_length=100_000)
     objective: Objective = Field(default_factory=Objective)
-    algorithm: Literal["halton", "random", "grid", "manual"] = "halton"
+    algorithm: Literal["halton", "random", "grid", "manual", "bayesian"] = "halton"
     num_trials: Integer = Field(default=1, ge=1, le=MAX_TRIALS_PER_STUDY)
     seed: Integer = Field(default=0, ge=0, lt=2**32)
     hyperparameters: list[Hyperparameter] = Field(default_factory=list, max_length=1000)
@@ -172,6 +184,7 @@ class StudySpec(_Strict):
     max_attempts: Integer = Field(default=3, ge=1, le=100)
     max_failed_trials: Integer = Field(default=3, ge=1, le=100_000)
     trials: list[ManualTrial] | None = Field(default=None, max_length=MAX_TRIALS_PER_STUDY)
+    bayesian: BayesianSettings | None = None
 
     def declarations(self, name: str) -> list[Hyperparameter]:
         """Every declaration of `name`, in spec order."""
@@ -206,6 +219,8 @@ _MODELS: dict[str, type[BaseModel]] = {
     "hyperparameters": Hyperparameter,
     "resources": Resources,
     "trials": ManualTrial,
+    "bayesian": BayesianSettings,
+    "warm_start": WarmStart,
 }
 
 
@@ -480,6 +495,10 @@ def _algorithm_errors(spec: StudySpec) -> Iterator[FieldError]:
         yield FieldError("trials", "is only for manual studies; add trials to others with POST .../trials")
     if spec.algorithm == "grid":
         yield from _grid_errors(spec)
+    if spec.algorithm == "bayesian" or spec.bayesian is not None:
+        from .bayesian.settings import spec_errors  # the bayesian package owns its rules
+
+        yield from spec_errors(spec)
 
 
 def _grid_errors(spec: StudySpec) -> Iterator[FieldError]:

@@ -16,11 +16,12 @@ from sqlalchemy.orm import Session
 from hpo.policy import ExecutionPolicy
 
 from . import catalogue, guards, layout
+from .bayesian.start import bayesian_start
 from .db import Database
 from .errors import AlreadyExists, InvalidInput, NotFound
 from .models import Study, StudyStatus, Trial, TrialStatus
 from .schemas import ManualTrialIn, Page, StudyCreated, StudyPatch, StudyPublic, TrialCounts, Warning
-from .spec import StudySpec, parse_spec
+from .spec import StudySpec, arm_count, parse_spec
 
 MAX_TRIALS_PER_STUDY = 100_000
 
@@ -42,6 +43,8 @@ def create_study(db: Database, raw_spec: object, policy: ExecutionPolicy | None 
         study = _new_study_row(spec)
         session.add(study)
         session.flush()
+        if spec.algorithm == "bayesian":  # initial trials and the proposal queue (docs/bayesian.md)
+            drafts = bayesian_start(session, study.id, spec)
         _insert_trials(session, study, drafts, first_number=0)
         study.next_point_index = _next_point_index(drafts, 0)
         study_id = study.id
@@ -131,12 +134,18 @@ def ensure_room(session: Session, study_id: int, adding: int, field: str) -> Non
 def _initial_drafts(spec: StudySpec) -> list[layout.TrialDraft]:
     if spec.algorithm == "manual":
         return layout.manual_drafts(spec, [t.model_dump(exclude_none=True) for t in spec.trials or []])
+    if spec.algorithm == "bayesian":
+        return []  # laid out by bayesian_start, which needs the database (warm start)
     return layout.layout_trials(spec, 0, spec.num_trials)
 
 
 def _grow(session: Session, study: Study, num_trials: int) -> None:
     if num_trials < study.num_trials:
         raise InvalidInput.one("num_trials", f"can only grow (it is {study.num_trials}); cancel trials instead")
+    if study.algorithm == "bayesian":  # a larger budget: the queue proposes the rest
+        study.num_trials = num_trials
+        study.spec = {**study.spec, "num_trials": num_trials}
+        return
     if study.algorithm not in ("halton", "random"):
         raise InvalidInput.one(
             "num_trials", f"cannot grow a {study.algorithm} study; add trials with POST .../trials instead"
@@ -305,6 +314,8 @@ def _effective_status(study: Study, counts: TrialCounts) -> Any:
     """A study whose trials have all finished reads `completed`; stored status is unchanged."""
     unfinished = counts.pending + counts.running
     total = unfinished + counts.completed + counts.infeasible + counts.failed + counts.cancelled
+    if study.algorithm == "bayesian" and total < study.num_trials * arm_count(StudySpec.model_validate(study.spec)):
+        return study.status.value  # between proposals: the queue has not proposed the whole budget yet
     if study.status is StudyStatus.active and total > 0 and unfinished == 0:
         return "completed"
     return study.status.value

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
+from ..bayesian.view import bayesian_view
 from ..db import Database
 from . import queries
 from .arms import arm_summaries, comparison, comparison_warnings, trial_variance
@@ -78,7 +79,7 @@ def analyze_study(db: Database, study_id: int) -> dict[str, Any]:
     study. Works on a study that is still running: unfinished trials are counted, never judged."""
     with db.transaction() as session:
         data = load(session, study_id)
-    return json_safe(analysis_of(data))
+    return json_safe({**analysis_of(data), "bayesian": bayesian_view(db, study_id)})
 
 
 def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyData:

@@ -1,7 +1,7 @@
 """notes on studies and trials (the dashboard's notes)
 
-Revision ID: 0006
-Revises: 0001
+Revision ID: 0004
+Revises: 0003
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0006'
-down_revision = '0002'
+revision = '0004'
+down_revision = '0003'
 branch_labels = None
 depends_on = None
 

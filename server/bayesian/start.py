@@ -1,0 +1,16 @@
+"""The one call `studies.create_study` makes for a bayesian study, in its transaction."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from ..layout import TrialDraft
+from ..spec import StudySpec
+from . import queue
+from .warm import warm_observations
+
+
+def bayesian_start(session: Session, study_id: int, spec: StudySpec) -> list[TrialDraft]:
+    """Checks and loads the warm start (422 naming what does not match), stores the study's queue
+    state and answers its initial quasi-random trials."""
+    return queue.start(session, study_id, spec, warm_observations(session, spec))
