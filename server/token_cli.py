@@ -21,8 +21,13 @@ def register(subparsers: Any) -> None:
     )
     commands = parser.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     create = commands.add_parser("create", help="create a token and print it once (stdout)")
-    create.add_argument("--role", required=True, choices=ROLES)
-    create.add_argument("--name", default="", help="what it is for (a person, a worker pool)")
+    create.add_argument(
+        "--role",
+        required=True,
+        choices=ROLES,
+        help="read: every GET; write: also create and change studies; worker: claim and trial writes; admin: all",
+    )
+    create.add_argument("--name", default="", help="what it is for (a person, a worker pool; default none)")
     create.add_argument(
         "--output",
         metavar="FILE",
@@ -33,7 +38,7 @@ def register(subparsers: Any) -> None:
     listing = commands.add_parser("list", help="list tokens (never the tokens themselves)")
     listing.set_defaults(handler=_list)
     revoke = commands.add_parser("revoke", help="revoke a token by id (servers refuse it within 2 s)")
-    revoke.add_argument("id", type=int)
+    revoke.add_argument("id", type=int, help="the token's id (hpo token list)")
     revoke.set_defaults(handler=_revoke)
 
 

@@ -83,7 +83,7 @@ def _register_worker(subparsers: Any) -> None:
         default=[],
         metavar="GLOB",
         help="also run user workloads whose module matches GLOB (e.g. 'mylab.*'; repeatable; adds to "
-        "$HPO_ALLOWED_WORKLOADS). Built-in workloads always run; anything else fails as `config`",
+        "$HPO_ALLOWED_WORKLOADS; default none). Built-in workloads always run; anything else fails as `config`",
     )
     parser.add_argument(
         "--allow-command",
@@ -91,7 +91,7 @@ def _register_worker(subparsers: Any) -> None:
         default=[],
         metavar="PREFIX",
         help="also run trainer commands whose argv starts with PREFIX (shell-quoted, e.g. "
-        "'/opt/venv/bin/python /srv/train.py'; repeatable; adds to $HPO_ALLOWED_COMMANDS)",
+        "'/opt/venv/bin/python /srv/train.py'; repeatable; adds to $HPO_ALLOWED_COMMANDS; default none)",
     )
     parser.add_argument(
         "--workdir-root",
