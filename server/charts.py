@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 from sqlalchemy import bindparam, select, text
@@ -31,7 +31,7 @@ from .db import Database
 from .errors import InvalidInput, NotFound
 from .models import Trial
 
-CHART_KINDS = (
+ChartKind = Literal[
     "progress",
     "history",
     "axis",
@@ -43,7 +43,8 @@ CHART_KINDS = (
     "isolation",
     "best_steps",
     "budget",
-)
+]
+CHART_KINDS: tuple[str, ...] = get_args(ChartKind)
 CURVE_POINTS = 60  # points per curve after downsampling: enough for the shape, cheap for 1,000 curves
 MAX_CURVES = 5000
 PARALLEL_LINES = 1000

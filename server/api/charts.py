@@ -9,24 +9,12 @@ from fastapi import APIRouter, Body, Query, Response
 from pydantic import BaseModel, Field
 
 from .. import charts, notes
+from ..charts import ChartKind
 from ..trial_table import SORT_KEYS, TableQuery, parse_param_filters, trial_table
 from .deps import DatabaseDep, StudyId, TrialId
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 
-ChartKind = Literal[
-    "progress",
-    "history",
-    "axis",
-    "parallel",
-    "contour",
-    "importance",
-    "curves",
-    "grad_norm",
-    "isolation",
-    "best_steps",
-    "budget",
-]
 SortKey = Literal["number", "id", "objective", "status", "best_step", "started_at", "finished_at", "duration"]
 assert set(SortKey.__args__) == set(SORT_KEYS)  # type: ignore[attr-defined]
 Status = Literal["pending", "running", "completed", "infeasible", "failed", "cancelled"]
