@@ -163,18 +163,27 @@ def run_rank(job: TrialJob, rank: int) -> Outcome | None:
     if rank != 0:
         load_trainer(job.trainer)[0](job.config, out_dir, None)
         return None
+    reporter = _rank0_reporter(job, out_dir, BoardPoller(job.board, job.lease_id))
+    return _closed(_guarded_train(job, out_dir, reporter), reporter, started)
+
+
+def _rank0_reporter(job: TrialJob, out_dir: Path, poller: BoardPoller) -> HttpReporter:
+    """Rank 0's delivery of `out_dir/metrics.jsonl` and checkpoints to the server, started."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    reporter = HttpReporter(
+    return HttpReporter(
         job.client,
         job.trial_id,
         job.lease_id,
         out_dir / "metrics.jsonl",
         Path(job.artifact_root),
-        BoardPoller(job.board, job.lease_id),
+        poller,
         flush_points=job.flush_points,
         flush_seconds=job.flush_seconds,
     ).start()
-    outcome = _guarded_train(job, out_dir, reporter)
+
+
+def _closed(outcome: Outcome, reporter: HttpReporter, started: float) -> Outcome:
+    """The outcome with what its reporter knows once closed: undelivered points, a lost lease, timing."""
     outcome.undelivered = reporter.close()
     outcome.lease_lost = reporter.lease_lost
     outcome.started_at, outcome.first_step_at = started, reporter.first_step_at
@@ -214,26 +223,13 @@ def run_command_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | No
         if result.status == "error":
             raise RuntimeError(f"trial {job.trial_id} rank {rank}: {result.reason}")
         return None
-    out_dir.mkdir(parents=True, exist_ok=True)
-    reporter = HttpReporter(
-        job.client,
-        job.trial_id,
-        job.lease_id,
-        out_dir / "metrics.jsonl",
-        Path(job.artifact_root),
-        poller,
-        flush_points=job.flush_points,
-        flush_seconds=job.flush_seconds,
-    ).start()
+    reporter = _rank0_reporter(job, out_dir, poller)
     try:
         result = CommandRun(settings, job.config, reporter, reporter).run()
         outcome = Outcome(result.status, result.reason, result.step)
     except OSError as exc:  # the program is missing or not executable on this node
         outcome = Outcome("error", f"could not start the command {settings.argv[0]!r}: {exc}")
-    outcome.undelivered = reporter.close()
-    outcome.lease_lost = reporter.lease_lost
-    outcome.started_at, outcome.first_step_at = started, reporter.first_step_at
-    return outcome
+    return _closed(outcome, reporter, started)
 
 
 def load_trainer(entry: str) -> tuple[Callable[..., Any], type[BaseException]]:
