@@ -24,7 +24,6 @@ worker), so it never trains on for a lease that is gone. The command's environme
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import logging
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hpo.lifetime import die_with_parent
 from hpo.trainer.config import Objective
 from hpo.trainer.retention import kept_steps
 
@@ -373,9 +373,6 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
-_PR_SET_PDEATHSIG = 1
-
-
 def node_niceness() -> int | None:
     """The scheduling priority of this node's raylet. Ray runs its worker processes at niceness 15
     so that its control plane stays responsive; a user's script should run as it would by hand, so
@@ -393,11 +390,7 @@ def node_niceness() -> int | None:
 def _child_setup(niceness: int | None) -> None:
     """In the child before exec: SIGKILL when the process that started it dies (Linux), and the
     node's niceness where the worker may set it (raising a priority needs the right to)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    die_with_parent(signal.SIGKILL)
     if niceness is not None:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, 0, niceness)

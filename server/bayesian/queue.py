@@ -18,6 +18,7 @@ import concurrent.futures
 import json
 import logging
 import multiprocessing
+import signal
 import threading
 import uuid
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.orm import Session
+
+from hpo.lifetime import die_with_parent
 
 from .. import layout
 from ..db import Database
@@ -327,6 +330,8 @@ def _view(job: Job) -> dict[str, Any]:
 
 
 def _init_child(threads: int) -> None:
+    # A fitting process ends with the server thread that started it, even when that is SIGKILLed.
+    die_with_parent(signal.SIGKILL)
     import torch
 
     torch.set_num_threads(threads)
