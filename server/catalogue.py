@@ -22,6 +22,7 @@ from hpo.trainer.config import OPTIMIZERS, TRAINING_HYPERPARAMETERS
 from hpo.trainer.schedules import SCHEDULES
 
 from .errors import FieldError
+from .guards import trainer_value
 from .spec import StudySpec
 
 _MLP_CHOICES: dict[str, tuple[str, ...]] = {
@@ -39,8 +40,10 @@ class BuiltinWorkload:
     (`num_classes_option` names the workload option that changes it, if any)."""
 
     model_params: tuple[str, ...]
-    num_classes: int
+    num_classes: int = 0
     num_classes_option: str | None = None
+    # What a workload that is not a classifier reports (the metric names, fixed).
+    metrics: tuple[str, ...] | None = None
 
     def hyperparameters(self) -> tuple[str, ...]:
         return (*TRAINING_HYPERPARAMETERS, *self.model_params)
@@ -48,6 +51,8 @@ class BuiltinWorkload:
     def metric_names(self, options: Mapping[str, Any]) -> tuple[str, ...]:
         """The names `eval_metrics` reports (without the `valid/` prefix), as the trainer's
         ClassificationWorkload.metric_names() gives them."""
+        if self.metrics is not None:
+            return self.metrics
         classes = options.get(self.num_classes_option) if self.num_classes_option else None
         if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
             classes = self.num_classes
@@ -57,6 +62,7 @@ class BuiltinWorkload:
 BUILTIN: dict[str, BuiltinWorkload] = {
     "synthetic_mlp": BuiltinWorkload(_MLP_PARAMS, num_classes=10, num_classes_option="num_classes"),
     "digits": BuiltinWorkload((*_MLP_PARAMS, "input_noise"), num_classes=10),
+    "char_lm": BuiltinWorkload(("embed_dim", "hidden"), metrics=("loss", "error_rate", "perplexity", "tokens")),
 }
 
 # Categorical hyperparameters whose values the trainer checks against a fixed list.
@@ -76,8 +82,8 @@ def workload_warnings(spec: StudySpec) -> list[dict[str, Any]]:
     """A creation warning for a user workload: its names cannot be checked before a trial runs."""
     if _builtin(spec) is not None:
         return []
-    extra = spec.trainer.model_extra or {}
-    what = f"command {extra['command']!r}" if extra.get("command") else f"workload {spec.trainer.workload!r}"
+    command = trainer_value(spec, "command")
+    what = f"command {command!r}" if command else f"workload {spec.trainer.workload!r}"
     return [
         {
             "kind": "unchecked_workload",
@@ -91,7 +97,7 @@ def workload_warnings(spec: StudySpec) -> list[dict[str, Any]]:
 
 
 def _builtin(spec: StudySpec) -> BuiltinWorkload | None:
-    if (spec.trainer.model_extra or {}).get("command"):
+    if trainer_value(spec, "command"):
         return None
     return BUILTIN.get(spec.trainer.workload)
 
@@ -118,11 +124,10 @@ def _name_errors(spec: StudySpec, workload: BuiltinWorkload) -> Iterator[FieldEr
 
 
 def _metric_errors(spec: StudySpec, workload: BuiltinWorkload) -> Iterator[FieldError]:
-    extra = spec.trainer.model_extra or {}
-    options = extra.get("workload_options")
+    options = trainer_value(spec, "workload_options")
     names = workload.metric_names(options if isinstance(options, Mapping) else {})
     reported = [f"valid/{n}" for n in names]
-    train_eval = extra.get("train_eval_examples")
+    train_eval = trainer_value(spec, "train_eval_examples")
     if isinstance(train_eval, int) and not isinstance(train_eval, bool) and train_eval > 0:
         reported += [f"train_eval/{n}" for n in names]
     if spec.objective.metric not in reported:

@@ -58,6 +58,11 @@ def test_compose_services_wait_for_healthy_dependencies() -> None:
         depends = service.get("depends_on") or {}
         assert isinstance(depends, dict), f"{name}: depends_on must name a condition, not a bare list"
         for needed, rule in depends.items():
+            # A long-running service must be healthy; a one-shot job (creating the worker token)
+            # must have finished successfully.
+            if rule == {"condition": "service_completed_successfully"}:
+                assert "healthcheck" not in services[needed], f"{needed} runs for good, so wait for it to be healthy"
+                continue
             assert rule == {"condition": "service_healthy"}, (name, needed, rule)
             assert "healthcheck" in services[needed], f"{name} waits for {needed}, which has no healthcheck"
     assert services["gpu-worker"]["depends_on"] == {"ray-head": {"condition": "service_healthy"}}

@@ -26,7 +26,9 @@ API = "/api/v1"
 
 def small_spec(name: str = "s", **trainer: Any) -> dict[str, Any]:
     spec = study_spec(name=name, num_trials=1)
-    spec["trainer"] = {"workload": "synthetic_mlp", "max_train_steps": 10, **trainer}
+    # A command study names no workload (a spec gives one or the other).
+    runs = {} if "command" in trainer else {"workload": "synthetic_mlp"}
+    spec["trainer"] = {**runs, "max_train_steps": 10, **trainer}
     return spec
 
 

@@ -4,13 +4,17 @@ that parses again unchanged, with no workload."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import httpx
 import pytest
 
+from hpo.policy import ExecutionPolicy
 from hpo.server.errors import InvalidInput
 from hpo.server.spec import parse_spec
+from hpo.settings import Settings
+from tests.conftest import LiveServer
 from tests.server.factories import study_spec
 
 API = "/api/v1"
@@ -62,7 +66,15 @@ def test_bad_command_settings_are_refused_naming_the_field(case: str) -> None:
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_over_http_a_bad_workdir_is_a_422_naming_it(client: httpx.Client) -> None:
+def test_over_http_a_bad_workdir_is_a_422_naming_it(settings: Settings) -> None:
+    allows = ExecutionPolicy(command_prefixes=(("python", "train.py"),))
+    with LiveServer(dataclasses.replace(settings, execution_policy=allows)) as live, httpx.Client(
+        base_url=live.url, timeout=30
+    ) as client:
+        _bad_and_good_workdir(client)
+
+
+def _bad_and_good_workdir(client: httpx.Client) -> None:
     response = client.post(f"{API}/studies", json=spec(command=["python", "train.py"], workdir="../secrets"))
     assert response.status_code == 422
     assert "trainer.workdir" in response.text and "'..'" in response.text
