@@ -19,12 +19,16 @@ so the torch import and the fits never hold the server's GIL."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+_log = logging.getLogger("hpo.server.bayesian")
 
 # A point in the unit cube, one coordinate per modelled dimension.
 Point = list[float]
@@ -87,8 +91,13 @@ def propose(problem: Problem, *, raw_samples: int = 256, num_restarts: int = 6) 
     with torch.random.fork_rng(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # BoTorch's numerical and input-data warnings: expected here
         torch.manual_seed(problem.seed)
-        points, model, view = _propose(problem, raw_samples, num_restarts)
-        points = _distinct(problem, points)
+        problem = _finite_only(problem)
+        try:
+            points, model, view = _propose(problem, raw_samples, num_restarts)
+        except Exception:  # a numerical failure must not stall the study: quasi-random points instead
+            _log.exception("bayesian designer failed; proposing quasi-random points")
+            points, model, view = _fallback(problem, None), "random", None
+        points = _distinct(problem, [p if all(math.isfinite(u) for u in p) else _random(problem) for p in points])
     return Proposal(points=points, model=model, fit_seconds=time.perf_counter() - start, view=view)
 
 
@@ -115,6 +124,23 @@ def _propose(problem: Problem, raw_samples: int, num_restarts: int) -> tuple[lis
     points = _optimize(problem, objective_model, baseline, feasibility, raw_samples, num_restarts)
     view = _view(problem, objective_model, feasibility, x, y, sign)
     return points, ("gp" if feasibility is None else "gp+feasibility"), view
+
+
+def _finite_only(problem: Problem) -> Problem:
+    """Leaves out observations and pending points with a coordinate that is not a number."""
+    keep = [i for i, p in enumerate(problem.observed) if all(math.isfinite(u) for u in p)]
+    return dataclasses.replace(
+        problem,
+        observed=[problem.observed[i] for i in keep],
+        values=[problem.values[i] for i in keep],
+        pending=[p for p in problem.pending if all(math.isfinite(u) for u in p)],
+    )
+
+
+def _random(problem: Problem) -> Point:
+    import numpy as np
+
+    return np.random.default_rng([problem.seed, 2]).random(problem.dims).tolist()
 
 
 def _finite(value: float | None) -> bool:
