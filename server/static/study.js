@@ -421,17 +421,74 @@
     status.className = "status " + p.status;
   }
 
+  // The bayesian section (in the analysis sections, data inlined as JSON): the running best
+  // against trial number, and the model's predicted mean ± std along each dimension.
+  function bayesBand(sl, color) {
+    var up = sl.mean.map(function (m, i) { return m + sl.std[i]; });
+    var lo = sl.mean.map(function (m, i) { return m - sl.std[i]; });
+    var text = sl.x.map(function (x, i) {
+      var f = sl.feasible ? "<br>P(feasible) = " + hpo.fmt(sl.feasible[i]) : "";
+      return sl.name + " = " + hpo.fmt(x) + "<br>mean " + hpo.fmt(sl.mean[i]) + " ± " + hpo.fmt(sl.std[i]) + f;
+    });
+    return [
+      { type: "scatter", mode: "lines", x: sl.x, y: up, line: { width: 0 }, hoverinfo: "skip", showlegend: false },
+      { type: "scatter", mode: "lines", x: sl.x, y: lo, line: { width: 0 }, fill: "tonexty", fillcolor: "rgba(31,119,180,0.2)",
+        hoverinfo: "skip", name: "± std" },
+      { type: "scatter", mode: "lines", x: sl.x, y: sl.mean, line: { color: color, width: 2 }, text: text, hovertemplate: HOVER, name: "mean" },
+    ];
+  }
+
+  function drawBayesian() {
+    var data = document.getElementById("bayesian-data");
+    if (!data || !window.Plotly) return;
+    var bo;
+    try { bo = JSON.parse(data.textContent); } catch (e) { return; }
+    var best = root.querySelector('[data-bayes="best"]');
+    if (best && bo.best_so_far.length) {
+      var pts = bo.best_so_far.filter(function (p) { return p.value !== null; });
+      var label = function (p) { return "trial " + p.trial_id + " (no. " + p.number + ", " + p.source + ")"; };
+      var traces = [
+        { type: "scatter", mode: "markers", name: "trial value", x: pts.map(function (p) { return p.number; }),
+          y: pts.map(function (p) { return p.value; }), customdata: pts.map(function (p) { return p.trial_id; }),
+          text: pts.map(function (p) { return label(p) + "<br>" + metric + " = " + hpo.fmt(p.value); }), hovertemplate: HOVER,
+          marker: { size: 7, opacity: 0.85, color: pts.map(function (p) { return p.source === "initial" ? "#999" : hpo.COLORS[0]; }) } },
+        { type: "scatter", mode: "lines+markers", name: "best so far", x: bo.best_so_far.map(function (p) { return p.number; }),
+          y: bo.best_so_far.map(function (p) { return p.best; }), customdata: bo.best_so_far.map(function (p) { return p.trial_id; }),
+          text: bo.best_so_far.map(function (p) { return label(p) + "<br>best so far " + hpo.fmt(p.best) + (p.value === null ? "<br>infeasible" : ""); }),
+          hovertemplate: HOVER, line: { shape: "hv", color: "#333", width: 1.5 }, marker: { size: 3, color: "#333" } },
+      ];
+      hpo.draw(best, traces, hpo.layout({ xaxis: { title: { text: "trial number" } }, yaxis: { title: { text: metric } } }), "bayesian-best");
+    }
+    var model = root.querySelector('[data-bayes="model"]');
+    if (model && bo.model && bo.model.slices.length) {
+      model.innerHTML = "";
+      bo.model.slices.forEach(function (sl) {
+        var div = document.createElement("div");
+        div.className = "plot panel";
+        div.dataset.slice = sl.name;
+        model.appendChild(div);
+        var at = bo.model.best_params ? bo.model.best_params[sl.name] : null;
+        var shapes = typeof at === "number" ? [{ type: "line", xref: "x", yref: "paper", x0: at, x1: at, y0: 0, y1: 1,
+          line: { dash: "dash", color: "#999", width: 1 } }] : [];
+        Plotly.react(div, bayesBand(sl, hpo.COLORS[0]), hpo.layout({ height: 300, shapes: shapes, showlegend: false,
+          margin: { l: 64, r: 12, t: 12, b: 48 }, xaxis: { title: { text: sl.name }, type: sl.scale === "log" ? "log" : "linear" },
+          yaxis: { title: { text: "predicted " + metric } } }), hpo.config("bayesian-" + sl.name));
+      });
+      model.dataset.rendered = "1";
+    }
+  }
+
   // The analysis' sections: in the page when the server had them, fetched otherwise, and
   // refreshed when a trial starts or finishes.
   var sections = document.getElementById("analysis-sections");
   function loadSections() {
     return fetch(sections.dataset.src, { headers: { Accept: "text/html" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : Promise.reject(new Error("HTTP " + r.status)); })
-      .then(function (html) { sections.innerHTML = html; sections.dataset.loaded = "1"; })
+      .then(function (html) { sections.innerHTML = html; sections.dataset.loaded = "1"; drawBayesian(); })
       .catch(function (e) { sections.dataset.loaded = "0"; sections.querySelectorAll("p.empty").forEach(function (p) { p.textContent = "Could not run the checklist: " + e.message; }); });
   }
   if (sections && sections.dataset.pending) loadSections();
-  else if (sections) sections.dataset.loaded = "1";
+  else if (sections) { sections.dataset.loaded = "1"; drawBayesian(); }
 
   function poll() {
     return hpo.getJSON(api + "/charts/progress").then(function (p) {

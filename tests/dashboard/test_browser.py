@@ -11,6 +11,7 @@ into a failure); elsewhere these tests skip without it."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -20,11 +21,15 @@ from typing import Any
 import httpx
 import pytest
 
+from hpo.server.db import Database
 from hpo.settings import Settings
 from tests.analysis.protocol import analysis, create, run_one, run_pending
 from tests.analysis.test_dashboard import planted_study
 from tests.analysis.test_planted import spec, valley
+from tests.bayesian.helpers import bayesian_spec
+from tests.bayesian.helpers import run_one as run_bayesian
 from tests.conftest import LiveServer
+from tests.dashboard.test_bayesian_section import MODEL_VIEW, finish_one
 
 REQUIRE_BROWSER = os.environ.get("HPO_REQUIRE_BROWSER") == "1" or os.environ.get("HPO_REQUIRE_POSTGRES") == "1"
 pytestmark = pytest.mark.slow
@@ -37,7 +42,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         study = planted_study(client)
         empty = create(client, spec("nothing-ran", num_trials=3))
-        yield {"url": server.url, "client": client, "study": study, "empty": empty}
+        yield {
+            "url": server.url,
+            "client": client,
+            "study": study,
+            "empty": empty,
+            "database_url": settings.database_url,
+        }
 
 
 @pytest.fixture(scope="module")
@@ -208,4 +219,40 @@ def test_live_page_follows_a_running_study(site: dict, driver: Any) -> None:
     )
     assert "All trials finished." in driver.find_element("id", "progress-eta").text
     assert analysis(client, study["id"])["trial_counts"]["completed"] == 2
+    assert errors(driver) == []
+
+
+def test_bayesian_section_draws_best_so_far_and_the_model_bands(site: dict, driver: Any, shots: Callable) -> None:
+    """The other studies are finished or paused, so the worker claims this one's trials."""
+    from hpo.server.models import BayesianState
+
+    assert site["client"].patch(f"/api/v1/studies/{site['empty']['id']}", json={"status": "paused"}).status_code == 200
+    study_id = create(site["client"], bayesian_spec("bo-view", num_trials=2, initial_trials=2))["id"]
+    db = Database(site["database_url"])
+    finish_one(db)
+    with db.transaction() as session:  # as the refiller would store it after a fit (none here: all quasi-random)
+        session.get(BayesianState, study_id).model_view = MODEL_VIEW
+    finish_one(db)
+    assert run_bayesian(db) is None
+    db.dispose()
+    driver.get(f"{site['url']}/studies/{study_id}")
+    wait(driver, "return document.getElementById('analysis-sections').dataset.loaded === '1'")
+    best = '[data-bayes="best"]'
+    wait(driver, f"return document.querySelector('{best}').dataset.rendered")
+    points = driver.find_elements("css selector", f"{best} .scatterlayer .trace:first-child path.point")
+    assert len(points) == 2
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", points[0])
+    ActionChains(driver).move_to_element(points[0]).perform()
+    text = wait(driver, f"var h = document.querySelector('{best} .hoverlayer .hovertext'); return h && h.textContent")
+    assert re.match(r"trial \d+ \(no\. 0, initial\)", text), text  # the point or the best-so-far line's step
+    wait(driver, "return document.querySelector('[data-bayes=\"model\"]').dataset.rendered")
+    panels = driver.find_elements("css selector", '[data-bayes="model"] .plot.panel')
+    assert [p.get_attribute("data-slice") for p in panels] == ["learning_rate", "weight_decay"]
+    assert driver.execute_script(
+        "return Array.from(document.querySelectorAll('[data-bayes=\"model\"] .plot.panel'))"
+        ".map(d => d._fullLayout.xaxis.type + ':' + d.data.length)"
+    ) == ["log:3", "log:3"]
+    shots(driver, "bayesian")
     assert errors(driver) == []
