@@ -325,8 +325,10 @@ class CommandRun:
                 step,
             )
         if returncode == 0:
-            if self.sink is not None and self.points == 0:
-                # Retrying cannot help: the script does not follow the file protocol.
+            resumed = (self.config.get("trainer") or {}).get("resume_from")
+            if self.sink is not None and self.points == 0 and not resumed:
+                # Retrying cannot help: the script does not follow the file protocol. (A resumed
+                # attempt may have nothing left to do: its checkpoint was taken at the last step.)
                 return CommandResult(
                     "config",
                     f"the command exited with status 0 but wrote no metric point to $HPO_OUT_DIR/{METRICS_FILE} "

@@ -87,7 +87,7 @@ def test_the_example_scripts_run_as_studies(env: Any) -> None:
 
 def test_the_session_example_resumes_exactly_after_a_stop(tmp_path: Path) -> None:
     def config(resume_from: str | None = None) -> dict[str, Any]:
-        trainer = {"command": [sys.executable, "digits_session.py"], "max_train_steps": 60, "eval_every_steps": 20,
+        trainer = {"command": [sys.executable, "digits_session.py"], "max_train_steps": 150, "eval_every_steps": 20,
                    "keep_best_checkpoints": 5, "resume_from": resume_from}  # fmt: skip
         return {"params": {"hidden": 32, "learning_rate": 0.05}, "seed": 3, "trainer": trainer,
                 "objective": {"metric": "valid/error_rate", "mode": "min"}}  # fmt: skip
@@ -111,3 +111,10 @@ def test_the_session_example_resumes_exactly_after_a_stop(tmp_path: Path) -> Non
     assert run("resumed", config(path), resumed).status == "completed"
     assert resumed.points[0][0] == step + 1
     assert [p for p in stopped.points if p[0] <= step] + resumed.points == whole.points
+    # Resumed from the checkpoint of its last step, an attempt has nothing left to train: it
+    # completes without writing a point (not a `config` failure of a script that ignores the protocol).
+    last_step, last_path, _ = whole.checkpoints[-1]
+    assert last_step == 150
+    finished = Recorder()
+    assert run("finished", config(last_path), finished).status == "completed"
+    assert finished.points == []
