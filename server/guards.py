@@ -42,8 +42,13 @@ MAX_ARG_CHARS = 4096
 
 def trainer_value(spec: StudySpec, key: str) -> Any:
     """A `trainer` setting whether the model declares it or it sits among the extra keys."""
-    extra = spec.trainer.model_extra or {}
-    return extra[key] if key in extra else getattr(spec.trainer, key, None)
+    return trainer_value_of(spec.trainer, key)
+
+
+def trainer_value_of(trainer: Any, key: str) -> Any:
+    """The same, given the spec's `TrainerSettings`."""
+    extra = trainer.model_extra or {}
+    return extra[key] if key in extra else getattr(trainer, key, None)
 
 
 def trainer_errors(spec: StudySpec) -> Iterator[FieldError]:

@@ -422,8 +422,8 @@ def _command_errors(trainer: TrainerSettings) -> Iterator[FieldError]:
     """`trainer.command` runs a user's program (docs/scripts.md); `workdir` names its working
     directory relative to the root the worker's operator set, so it may not climb out of it."""
     if trainer.command is None:
-        for key in ("workdir", "silence_timeout_seconds"):
-            if getattr(trainer, key) is not None:
+        for key in ("workdir", "silence_timeout_seconds", "env"):
+            if guards.trainer_value_of(trainer, key) is not None:
                 yield FieldError(f"trainer.{key}", "applies only to trainer.command")
         return
     if "workload" in trainer.model_fields_set:

@@ -131,6 +131,13 @@ def command_environment(base: Mapping[str, str], extra: Mapping[str, str]) -> di
     return env
 
 
+def spec_environment(trainer: Mapping[str, Any], launcher: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a command gets beyond the worker's environment: the spec's `trainer.env` (already
+    refused by hpo.policy.env_refusal on the server and the worker when it names a loader, `PATH`,
+    `HPO_*` or `RAY_*`), under the launcher's torchrun variables, which it cannot override."""
+    return {**{str(k): str(v) for k, v in (trainer.get("env") or {}).items()}, **(launcher or {})}
+
+
 def checkpoint_step(name: str) -> int | None:
     """The step of a complete checkpoint's file or folder name, None for anything else."""
     match = CHECKPOINT_NAME.match(name)

@@ -33,6 +33,7 @@ from .command import (
     CommandRun,
     CommandSettings,
     is_command,
+    spec_environment,
 )
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS, HttpReporter, Undelivered
 
@@ -211,9 +212,7 @@ def run_command_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | No
         cwd=Path(job.command_cwd or "."),
         out_dir=out_dir,
         rank=rank,
-        # The spec's `trainer.env` (checked by hpo.policy.env_refusal on the server and the worker),
-        # under the launcher's torchrun variables.
-        extra_env={**{str(k): str(v) for k, v in (trainer.get("env") or {}).items()}, **(launcher_env or {})},
+        extra_env=spec_environment(trainer, launcher_env),
         stop_grace_seconds=job.stop_grace_seconds,
         silence_timeout_seconds=float(trainer.get("silence_timeout_seconds") or DEFAULT_SILENCE_TIMEOUT_SECONDS),
     )

@@ -81,3 +81,11 @@ def _bad_and_good_workdir(client: httpx.Client) -> None:
     created = client.post(f"{API}/studies", json=spec(command=["python", "train.py"], workdir="lab"))
     assert created.status_code == 201, created.text
     assert created.json()["spec"]["trainer"]["command"] == ["python", "train.py"]
+
+
+def test_command_settings_on_a_workload_study_are_refused() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        parse_spec(spec(workload="synthetic_mlp", workdir="lab", env={"DATA_DIR": "/data"}))
+    fields = {e.field: e.reason for e in refused.value.errors}
+    only = "applies only to trainer.command"
+    assert fields == {"trainer.workdir": only, "trainer.env": only}

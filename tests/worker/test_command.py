@@ -21,6 +21,7 @@ from hpo.worker.command import (
     command_environment,
     list_checkpoints,
     resolve_workdir,
+    spec_environment,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -185,6 +186,12 @@ def test_the_environment_carries_no_token_and_the_launcher_variables_given() -> 
     base = {"PATH": "/bin", "HPO_API_TOKEN": "secret", "HPO_DATABASE_URL": "postgresql://u:pw@h/db", "RANK": "3"}
     env = command_environment(base, {"HPO_OUT_DIR": "/o", "RANK": "1"})
     assert env == {"PATH": "/bin", "HPO_OUT_DIR": "/o", "RANK": "1"}
+
+
+def test_the_specs_env_reaches_the_command_under_the_launchers_variables() -> None:
+    trainer = {"command": ["python", "train.py"], "env": {"DATA_DIR": "/data", "RANK": "7"}}
+    assert spec_environment(trainer, {"RANK": "1"}) == {"DATA_DIR": "/data", "RANK": "1"}
+    assert spec_environment({"command": ["python", "train.py"]}) == {}
 
 
 def test_checkpoint_names_count_only_once_complete() -> None:
