@@ -318,11 +318,14 @@ def batch(args: argparse.Namespace) -> None:
 # --- claim latency --------------------------------------------------------------------------------
 
 
+WARM_UP_SECONDS = 2.0
+
+
 def _latency_worker(url: str, worker: int, seconds: float, barrier: Any, queue: Any) -> None:
     from server_bench import JsonClient  # bench/ is on sys.path
 
     client = JsonClient(url, use_httpx=False)
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple[float, int, float]] = []  # (latency, status, seconds into the run)
     barrier.wait()
     stop = time.monotonic() + seconds
     while time.monotonic() < stop:
@@ -330,7 +333,7 @@ def _latency_worker(url: str, worker: int, seconds: float, barrier: Any, queue: 
         code, body = client.post(
             "/api/v1/workers/claim", {"worker_id": f"w{worker}", "resources": {"cpus": 4, "gpus": 0}}
         )
-        samples.append((time.perf_counter() - started, code))
+        samples.append((time.perf_counter() - started, code, time.monotonic() - stop + seconds))
         if code != 200:
             time.sleep(0.25)  # a worker's poll interval when nothing is pending
             continue
@@ -339,7 +342,7 @@ def _latency_worker(url: str, worker: int, seconds: float, barrier: Any, queue: 
         lease, trial = body["lease_id"], body["trial_id"]
         client.post(
             f"/api/v1/trials/{trial}/metrics",
-            {"lease_id": lease, "points": [{"step": 1, "name": "loss", "value": value}]},
+            {"lease_id": lease, "points": [{"step": 1, "name": "valid/loss", "value": value}]},
         )
         client.post(f"/api/v1/trials/{trial}/complete", {"lease_id": lease})
     queue.put(samples)
@@ -354,9 +357,13 @@ def latency(args: argparse.Namespace) -> None:
         "name": "latency",
         "algorithm": "bayesian",
         "num_trials": 100_000,
-        "objective": {"metric": "loss", "mode": "min"},
+        "objective": {"metric": "valid/loss", "mode": "min"},
+        # Names the built-in workload knows (the server checks them); the workers below never run it.
         "hyperparameters": [
-            {"name": f"x{i}", "role": "nuisance", "type": "float", "min": 0.0, "max": 1.0} for i in range(4)
+            {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 1e-4, "max": 1.0, "scale": "log"},
+            {"name": "weight_decay", "role": "nuisance", "type": "float", "min": 1e-6, "max": 1e-1, "scale": "log"},
+            {"name": "momentum", "role": "nuisance", "type": "float", "min": 0.0, "max": 0.99},
+            {"name": "dropout", "role": "nuisance", "type": "float", "min": 0.0, "max": 0.5},
         ],
         "bayesian": {"queue_size": 16, "initial_trials": 16},
     }
@@ -367,7 +374,8 @@ def latency(args: argparse.Namespace) -> None:
         import httpx
 
         url = f"http://127.0.0.1:{args.port}"
-        assert httpx.post(f"{url}/api/v1/studies", json=spec, timeout=30).status_code == 201
+        created = httpx.post(f"{url}/api/v1/studies", json=spec, timeout=30)
+        assert created.status_code == 201, created.text
         results, _ = run_parallel(_latency_worker, [(url, i, args.seconds) for i in range(16)])
         with httpx.Client(base_url=url) as http:
             trials = http.get("/api/v1/studies/1").json()["trial_counts"]
@@ -375,12 +383,20 @@ def latency(args: argparse.Namespace) -> None:
         server.terminate()
         server.wait()
     samples = [s for result in results for s in result]
-    times = [t for t, _ in samples]
-    got = sum(1 for _, c in samples if c == 200)
+    times = [t for t, _, _ in samples]
+    # The 16 first claims arrive together on cold connections (each server process opens its
+    # database connections then): reported apart from the steady state that follows.
+    first = [t for t, _, at in samples if at < WARM_UP_SECONDS]
+    steady = [t for t, _, at in samples if at >= WARM_UP_SECONDS]
+    got = sum(1 for _, c, _ in samples if c == 200)
     print(
         f"{args.algorithm}: 16 workers, {len(times)} claims in {args.seconds:.0f} s "
-        f"({got} got a trial, {len(times) - got} answered 204;"
-        f" study: {trials}): p50 {percentile(times, 0.5) * 1000:.1f} ms, p99 {percentile(times, 0.99) * 1000:.1f} ms"
+        f"({got} got a trial, {len(times) - got} answered 204; study: {trials}):\n"
+        f"  all claims p50 {percentile(times, 0.5) * 1000:.1f} ms, p99 {percentile(times, 0.99) * 1000:.1f} ms\n"
+        f"  after the first {WARM_UP_SECONDS:.0f} s ({len(steady)} claims):"
+        f" p50 {percentile(steady, 0.5) * 1000:.1f} ms,"
+        f" p99 {percentile(steady, 0.99) * 1000:.1f} ms, max {max(steady) * 1000:.1f} ms\n"
+        f"  the first {WARM_UP_SECONDS:.0f} s ({len(first)} claims, cold connections): max {max(first) * 1000:.1f} ms"
     )
 
 

@@ -142,11 +142,15 @@ def main() -> int:
         "start_gap_seconds": statistics.median(worker_first) - statistics.median(hand_first),
         "worker_share_of_start_seconds": worker_share,
     }
-    print(f"throughput: worker {statistics.median(worker_rate):.0f} steps/s, by hand "
-          f"{statistics.median(hand_rate):.0f} steps/s: ratio {figures['throughput_ratio']:.3f} (target >= 0.97)")
-    print(f"start: claim -> first step {statistics.median(worker_first):.2f} s under the worker, script start-up "
-          f"alone {statistics.median(hand_first):.2f} s: gap {figures['start_gap_seconds']:+.2f} s (target <= 0.5 s); "
-          f"the worker's own share within each trial: {statistics.median(worker_share):.2f} s")
+    print(
+        f"throughput: worker {statistics.median(worker_rate):.0f} steps/s, by hand "
+        f"{statistics.median(hand_rate):.0f} steps/s: ratio {figures['throughput_ratio']:.3f} (target >= 0.97)"
+    )
+    print(
+        f"start: claim -> first step {statistics.median(worker_first):.2f} s under the worker, script start-up "
+        f"alone {statistics.median(hand_first):.2f} s: gap {figures['start_gap_seconds']:+.2f} s (target <= 0.5 s); "
+        f"the worker's own share within each trial: {statistics.median(worker_share):.2f} s"
+    )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     return 0

@@ -141,9 +141,7 @@ def _checked_base(args: argparse.Namespace) -> str:
     except ServerUrlError as exc:
         raise CliError(str(exc)) from None
     if not reachable:
-        raise CliError(
-            f"cannot reach the hpo server at {base}; start one with `hpo server` or pass --server host:port"
-        )
+        raise CliError(f"cannot reach the hpo server at {base}; start one with `hpo server` or pass --server host:port")
     args._server_base = base
     return base
 

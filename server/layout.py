@@ -101,7 +101,9 @@ def map_unit(hp: Hyperparameter, u: float) -> Any:
         # Draw over [min - 0.5, max + 0.5] so the end values are as likely as the inner ones.
         low, high = (low - 0.5, high + 0.5) if hp.scale == "linear" else (max(low - 0.5, low / 2), high + 0.5)
         return int(min(max(round(_scaled(hp.scale, low, high, u)), hp.min or 0), hp.max or 0))
-    return _scaled(hp.scale, low, high, u)
+    # exp(log(max)) can land an ulp past max (0.1 -> 0.10000000000000006): a value outside the
+    # declared range, which the spec's own checks (and the designer's snapping) would refuse.
+    return min(max(_scaled(hp.scale, low, high, u), low), high)
 
 
 def _scaled(scale: str, low: float, high: float, u: float) -> float:

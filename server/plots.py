@@ -87,7 +87,7 @@ def _title(fig: Figure, data: dict[str, Any], what: str) -> None:
 def _fit(text: str, width_inches: float, points: float) -> str:
     """`text` shortened in the middle to what fits `width_inches` at `points` (0.6 em per char)."""
     room = max(12, int(width_inches * 72 / (points * 0.6)) - 2)
-    return text if len(text) <= room else text[: room // 2 - 1] + "…" + text[-(room - room // 2):]
+    return text if len(text) <= room else text[: room // 2 - 1] + "…" + text[-(room - room // 2) :]
 
 
 def _wrap(label: str, chars: int = 18) -> str:

@@ -81,6 +81,7 @@ class ManualTrialIn(_Request):
             if too_long or not isinstance(value, (str, int, float)):
                 raise ValueError(f"{name[:200]!r} must be a string, a number or a boolean")
         return params
+
     seed: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
 
 

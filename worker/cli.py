@@ -225,4 +225,3 @@ def _run_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args)
-

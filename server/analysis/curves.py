@@ -203,6 +203,6 @@ def screen_warnings(screen: Mapping[str, Any], warned: Collection[int], metric: 
         f"{len(screen['trial_ids'])} of the {screen['examined']} finished trials overfit ({metric} ends well worse "
         f"than its best value), {len(others)} of them beyond the best few (trials {shown}). Selecting the best trial "
         "favours configurations with more regularization, including accidental ones such as a smaller learning rate "
-        "(playbook, \"Examining the training curves\"): add or re-tune regularization before comparing arms."
+        '(playbook, "Examining the training curves"): add or re-tune regularization before comparing arms.'
     )
     return [warning("overfitting", message)]

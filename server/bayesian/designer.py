@@ -267,14 +267,21 @@ def _distinct(problem: Problem, points: list[Point]) -> list[Point]:
     rng = np.random.default_rng([problem.seed, 1])
     out = []
     for point in points:
-        candidate = snap(point)
+        candidate = _snapped(snap, point)
         tries = 0
         while _key(candidate) in taken and tries < 100:
-            candidate = snap(rng.random(problem.dims).tolist())
+            candidate = _snapped(snap, rng.random(problem.dims).tolist())
             tries += 1
         taken.add(_key(candidate))
         out.append(candidate)
     return out
+
+
+def _snapped(snap: Snap, point: Point) -> Point:
+    """The snapped point, or the point itself where snapping gives something not a number (a
+    value the space refuses must never reach the database as NaN)."""
+    candidate = snap(point)
+    return candidate if all(math.isfinite(u) for u in candidate) else point
 
 
 def _key(point: Sequence[float]) -> tuple[float, ...]:

@@ -149,3 +149,15 @@ def test_map_unit_ends_and_int_rounding() -> None:
 def test_trial_seeds_are_31_bit_and_distinct() -> None:
     seeds = {trial_seed(0, i) for i in range(1000)} | {trial_seed(0, 0, r) for r in range(1, 100)}
     assert len(seeds) == 1099 and all(0 <= s < 2**31 for s in seeds)
+
+
+@pytest.mark.parametrize("scale", ["linear", "log", "reverse_log"])
+def test_map_unit_stays_in_range_at_the_cube_edges(scale: str) -> None:
+    """A designer's proposal may sit exactly on u = 1.0 (Halton never does): exp(log(0.1)) is an
+    ulp above 0.1, which once stored a value outside the range and a NaN unit point."""
+    hp = Hyperparameter(name="x", role="nuisance", type="float", min=1e-6, max=0.1, scale=scale)
+    ends = [map_unit(hp, u) for u in (0.0, 1.0)]
+    assert ends == pytest.approx([1e-6, 0.1]) and all(1e-6 <= v <= 0.1 for v in ends)
+    from hpo.server.bayesian.settings import to_unit
+
+    assert [to_unit(hp, map_unit(hp, u)) for u in (0.0, 1.0)] == pytest.approx([0.0, 1.0])

@@ -65,9 +65,10 @@ def test_unknown_trainer_keys_are_refused_listing_the_known_ones(client: httpx.C
 
 def test_the_servers_allow_list_admits_what_the_operator_allows(settings: Settings) -> None:
     policy = ExecutionPolicy(workload_globs=("mylab.*",), command_prefixes=(("python", "train.py"),))
-    with LiveServer(dataclasses.replace(settings, execution_policy=policy)) as live, httpx.Client(
-        base_url=live.url
-    ) as http:
+    with (
+        LiveServer(dataclasses.replace(settings, execution_policy=policy)) as live,
+        httpx.Client(base_url=live.url) as http,
+    ):
         assert http.post(f"{API}/studies", json=small_spec("a", workload="mylab.models:Net")).status_code == 201
         ok = http.post(f"{API}/studies", json=small_spec("b", command=["python", "train.py", "--fast"]))
         assert ok.status_code == 201, ok.text
@@ -261,9 +262,7 @@ def test_tracking_csv_cells_never_run_as_formulas(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_oversized_chunked_and_stalled_bodies_are_cut_off(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_oversized_chunked_and_stalled_bodies_are_cut_off(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hostile, "BODY_SECONDS", 1.0)
     with LiveServer(dataclasses.replace(settings, max_body_bytes=2048)) as live:
 
@@ -276,8 +275,10 @@ def test_oversized_chunked_and_stalled_bodies_are_cut_off(
             response = httpx.post(f"{live.url}{API}{path}", content=chunks(), headers=headers)
             assert response.status_code == 413, response.text
         with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
-            sock.sendall(b"POST /api/v1/studies HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100\r\n\r\n{\"name\"")
+            sock.sendall(
+                b"POST /api/v1/studies HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"name"'
+            )
             started = time.monotonic()
             answer = sock.recv(4096)
         assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5

@@ -68,9 +68,10 @@ def test_bad_command_settings_are_refused_naming_the_field(case: str) -> None:
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_over_http_a_bad_workdir_is_a_422_naming_it(settings: Settings) -> None:
     allows = ExecutionPolicy(command_prefixes=(("python", "train.py"),))
-    with LiveServer(dataclasses.replace(settings, execution_policy=allows)) as live, httpx.Client(
-        base_url=live.url, timeout=30
-    ) as client:
+    with (
+        LiveServer(dataclasses.replace(settings, execution_policy=allows)) as live,
+        httpx.Client(base_url=live.url, timeout=30) as client,
+    ):
         _bad_and_good_workdir(client)
 
 

@@ -61,8 +61,12 @@ def config(steps: int = 30, every: int = 10, keep: int = 1, **params: Any) -> di
         "params": params,
         "seed": 7,
         "objective": {"metric": "valid/error_rate", "mode": "min"},
-        "trainer": {"command": [sys.executable, COUNTER], "max_train_steps": steps, "eval_every_steps": every,
-                    "keep_best_checkpoints": keep},
+        "trainer": {
+            "command": [sys.executable, COUNTER],
+            "max_train_steps": steps,
+            "eval_every_steps": every,
+            "keep_best_checkpoints": keep,
+        },
     }
 
 

@@ -97,8 +97,9 @@ def test_a_script_trial_completes_with_its_history_checkpoints_and_objective(ser
     assert (trial["best_step"], trial["objective_value"]) == (best_step, best_value)
     recorded = [c["step"] for c in http.get(f"{API}/trials/{trial['id']}/checkpoints").json()]
     assert 60 in recorded and best_step in recorded
-    on_disk = sorted(p.name for p in (settings.artifact_root / "trials" / str(trial["id"]) / "attempt-1" /
-                                      "checkpoints").iterdir())
+    on_disk = sorted(
+        p.name for p in (settings.artifact_root / "trials" / str(trial["id"]) / "attempt-1" / "checkpoints").iterdir()
+    )
     assert len(on_disk) <= 3, f"keep_best_checkpoints=2 plus the newest, got {on_disk}"
 
 

@@ -58,9 +58,10 @@ def test_os_system_never_runs_unless_the_workers_operator_allows_it(
     # The server's operator allows everything, so only the worker's own check stands in the way.
     server_settings = dataclasses.replace(settings, execution_policy=ExecutionPolicy(workload_globs=("*",)))
     refused_marker, allowed_marker = tmp_path / "refused", tmp_path / "allowed"
-    with LiveServer(server_settings) as live, httpx.Client(
-        base_url=live.url, timeout=30, headers={"Authorization": f"Bearer {writer}"}
-    ) as http:
+    with (
+        LiveServer(server_settings) as live,
+        httpx.Client(base_url=live.url, timeout=30, headers={"Authorization": f"Bearer {writer}"}) as http,
+    ):
         for name, marker, policy in (
             ("refused", refused_marker, ExecutionPolicy()),
             ("allowed", allowed_marker, ExecutionPolicy(workload_globs=("os",))),
