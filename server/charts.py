@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Literal, get_args
@@ -21,7 +20,7 @@ import numpy as np
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
-from .analysis import queries
+from .analysis import memo, queries
 from .analysis.arms import arm_summaries
 from .analysis.model import TrialSummary, arm_label, fmt
 from .analysis.plotdata import plot_data
@@ -59,14 +58,14 @@ def chart(db: Database, study_id: int, kind: str, options: Mapping[str, Any] | N
 
 
 def chart_json(db: Database, study_id: int, kind: str, options: Mapping[str, Any] | None = None) -> bytes:
-    """`chart(...)` as JSON bytes, from the cache while the study has not changed (see `cached`)."""
+    """`chart(...)` as JSON bytes, kept while the study has not changed (`analysis.memo`)."""
     if kind not in _CHARTS:
         raise NotFound(f"no chart {kind!r}; charts: {', '.join(CHART_KINDS)}")
     opts = dict(options or {})
     if kind == "progress":  # the cheap poll: always fresh
         return dumps(_load(db, study_id, kind, opts))
     key = (kind, tuple(sorted((k, str(v)) for k, v in opts.items())))
-    return cached(db, study_id, key, lambda: dumps(_load(db, study_id, kind, opts)))
+    return memo.remember(db, study_id, key, lambda: dumps(_load(db, study_id, kind, opts)))
 
 
 def _load(db: Database, study_id: int, kind: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -96,82 +95,12 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"not JSON: {type(value).__name__}")
 
 
-# --- the cache ----------------------------------------------------------------------------------
-# A study's charts change only when a trial starts, finishes or is added, or while one runs (its
-# curves grow). Answers are kept per study, chart and options, keyed by a one-row version query,
-# and reused while the version holds (at most CACHE_LIVE_SECONDS while a trial runs): repeated
-# page loads and the live page's redraws cost one indexed query.
-
-CACHE_LIVE_SECONDS = 5.0
-_CACHE_SIZE = 48
-_CACHE: dict[tuple[int, int, Any], tuple[tuple[Any, ...], float, Any]] = {}  # (db, study, what)
-_CACHE_LOCK = threading.Lock()
-
-
-def study_version(db: Database, study_id: int) -> tuple[Any, ...]:
-    """(trials, running, newest start, newest finish, sum of attempts, pending) of a study: changes
-    whenever anything a chart shows may have changed, except a running trial's new points."""
-    with db.transaction() as session:
-        return _version_in(session, study_id)
-
-
-def _version_in(session: Session, study_id: int) -> tuple[Any, ...]:
-    row = session.execute(
-        text(
-            "SELECT count(*), sum(CASE WHEN status = 'running' THEN 1 ELSE 0 END), max(started_at), "
-            "max(finished_at), sum(attempt), sum(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) "
-            "FROM trials WHERE study_id = :id"
-        ),
-        {"id": study_id},
-    ).one()
-    return tuple(str(v) for v in row)
-
-
 def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:
-    """`queries.trial_summaries`, shared by the charts of one study version (a page's first load
-    asks for them from half a dozen charts at once)."""
-    version = _version_in(session, study_id)
-    key = (id(session.get_bind()), study_id, "summaries")
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-    if hit is not None and hit[0] == version and version[1] in ("0", "None"):
-        return list(hit[2])
-    value = queries.trial_summaries(session, study_id)
-    with _CACHE_LOCK:
-        _evict()
-        _CACHE[key] = (version, time.monotonic(), value)
-    return list(value)
-
-
-def _evict() -> None:
-    if len(_CACHE) >= _CACHE_SIZE:
-        del _CACHE[min(_CACHE, key=lambda k: _CACHE[k][1])]
-
-
-def peek(db: Database, study_id: int, key: Any) -> Any:
-    """The cached answer for `key` while it is still valid, else None (computes nothing)."""
-    version = study_version(db, study_id)
-    running = version[1] not in ("0", "None")
-    with _CACHE_LOCK:
-        hit = _CACHE.get((id(db), study_id, key))
-    if hit is not None and hit[0] == version and not (running and time.monotonic() - hit[1] > CACHE_LIVE_SECONDS):
-        return hit[2]
-    return None
-
-
-def cached(db: Database, study_id: int, key: Any, compute: Callable[[], Any]) -> Any:
-    """`compute()`, or the answer it gave while the study's version was the same."""
-    version = study_version(db, study_id)
-    running = version[1] not in ("0", "None")
-    with _CACHE_LOCK:
-        hit = _CACHE.get((id(db), study_id, key))
-    if hit is not None and hit[0] == version and not (running and time.monotonic() - hit[1] > CACHE_LIVE_SECONDS):
-        return hit[2]
-    value = compute()
-    with _CACHE_LOCK:
-        _evict()
-        _CACHE[(id(db), study_id, key)] = (version, time.monotonic(), value)
-    return value
+    """`queries.trial_summaries`, shared by the charts of one study version (never reused while a
+    trial runs: a running trial's summary follows its newest points)."""
+    return list(
+        memo.in_session(session, study_id, "summaries", lambda: queries.trial_summaries(session, study_id), live=False)
+    )
 
 
 # --- helpers ----------------------------------------------------------------------------------

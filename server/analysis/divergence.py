@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from hpo.trainer.divergence import DEFAULT_FACTOR
 
-from . import queries
+from . import memo, queries
 from .model import Curve, TrialSummary, fmt
 
 TRAIN_LOSS = "train/loss"
@@ -59,11 +59,25 @@ def load_trials(
 ) -> tuple[list[TrialSummary], dict[str, queries.CurveStats]]:
     """The study's trial summaries with diverged completed trials marked (`diverged` holds the
     reason), and the per-trial curve statistics of the objective and the training loss (`horizon`
-    is max_train_steps; looked up when not given)."""
-    trials = queries.trial_summaries(session, study.id)
-    names = sorted({study.metric, TRAIN_LOSS})
+    is max_train_steps; looked up when not given). Kept per study version (`memo`): every chart
+    and the analysis start from it, and it reads every curve of the study."""
     if horizon is None:
         horizon = queries.horizon(session, study)
+    trials, stats = memo.in_session(
+        session,
+        study.id,
+        ("load_trials", horizon, factor),
+        lambda: _load_trials(session, study, horizon, factor),
+        live=False,  # a running trial's best value follows its newest points
+    )
+    return list(trials), stats
+
+
+def _load_trials(
+    session: Session, study: queries.StudyInfo, horizon: float | None, factor: float
+) -> tuple[list[TrialSummary], dict[str, queries.CurveStats]]:
+    trials = queries.trial_summaries(session, study.id)
+    names = sorted({study.metric, TRAIN_LOSS})
     stats = queries.curve_stats(session, study.id, names, horizon, TRAIN_LOSS)
     prefix = study.metric.rsplit("/", 1)[0] + "/" if "/" in study.metric else ""
     chance = chance_level(study.metric, queries.class_count(session, study.id, prefix))

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Query, Response
 from pydantic import BaseModel, Field
 
 from .. import charts, notes
+from ..analysis import memo
 from ..charts import ChartKind
 from ..trial_table import SORT_KEYS, TableQuery, parse_param_filters, trial_table
 from .deps import DatabaseDep, StudyId, TrialId
@@ -65,7 +66,7 @@ def get_table(
 ) -> dict[str, Any]:
     """A page of the study's trial table, sorted and filtered on the server."""
     query = TableQuery(sort, desc, tuple(status), arm, parse_param_filters(param), offset, limit)
-    table = dict(charts.cached(db, study_id, ("table", query), lambda: trial_table(db, study_id, query)))
+    table = dict(memo.remember(db, study_id, ("table", query), lambda: trial_table(db, study_id, query)))
     table["notes"] = {str(k): v for k, v in notes.study_notes(db, study_id).items()}
     return table
 

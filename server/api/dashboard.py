@@ -19,10 +19,11 @@ from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from .. import notes, studies, trials
+from ..analysis import memo
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import analyze_study
 from ..analysis.tracking import tracking_rows
-from ..charts import best_per_arm, cached, peek, trial_summaries
+from ..charts import best_per_arm, trial_summaries
 from ..errors import InvalidInput, NotFound
 from ..schemas import TrialCounts
 from .deps import DatabaseDep, SettingsDep, StudyId, TrialId
@@ -67,7 +68,7 @@ def study_page(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
         labels = sorted({arm_label(t.arm) for t in trial_summaries(session, study_id)})
     return _page(
         "study.html",
-        **_analysis_context(db, study, peek(db, study_id, "analysis")),
+        **_analysis_context(db, study, memo.peek(db, study_id, "analysis")),
         progress=progress(study.trial_counts),
         spec_by_role=spec_by_role(study.spec),
         trainer=study.spec.get("trainer") or {},
@@ -81,7 +82,7 @@ def study_page(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
 def study_analysis_sections(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
     """The study page's warnings and arm comparison, as HTML to insert (see `study_page`)."""
     study = studies.get_study(db, study_id)
-    analysis = cached(db, study_id, "analysis", lambda: analyze_study(db, study_id))
+    analysis = memo.remember(db, study_id, "analysis", lambda: analyze_study(db, study_id))
     return _page("study_analysis.html", **_analysis_context(db, study, analysis))
 
 
