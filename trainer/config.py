@@ -88,6 +88,8 @@ class TrainerSettings:
     divergence_patience: int = DEFAULT_PATIENCE
     precision: str = "fp32"
     grad_accumulation_steps: int = 1
+    # DataLoader worker processes per rank, for workloads whose datasets are `ExampleDataset`s (trainer/batches.py).
+    data_workers: int = 0
 
     @property
     def checkpoint_every(self) -> int:
@@ -237,6 +239,7 @@ def parse_trainer(raw: Mapping[str, Any]) -> TrainerSettings:
         grad_accumulation_steps=_integer(
             "trainer.grad_accumulation_steps", raw.get("grad_accumulation_steps", 1), minimum=1
         ),
+        data_workers=_integer("trainer.data_workers", raw.get("data_workers", d.data_workers), minimum=0),
     )
     return settings
 

@@ -1,7 +1,8 @@
 """Exact distributed evaluation (playbook 000, "Evaluating model performance").
 
 Each rank evaluates its own shard (`sampling.eval_shard`: disjoint, padding weighted 0) in batches
-of `eval_batch_size / world_size`, accumulates the workload's weighted sums in float64, and one
+of `eval_batch_size / world_size` (gathered by index, or through a DataLoader for an `ExampleDataset`:
+`batches.eval_batches`), accumulates the workload's weighted sums in float64, and one
 all-reduce adds them up: every example counts exactly once, whatever the world size. Evaluation
 runs at step intervals, never on a clock (playbook 000, "Setting up periodic evaluations")."""
 
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .batches import eval_batches
 from .distributed import DistContext, all_reduce_sum
 from .sampling import eval_shard
 from .workloads import Workload
@@ -22,13 +24,23 @@ from .workloads import Workload
 class Evaluator:
     """Evaluates one dataset (validation, or a fixed subset of training data) under one prefix."""
 
-    def __init__(self, prefix: str, dataset: Any, workload: Workload, ctx: DistContext, eval_batch_size: int) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        dataset: Any,
+        workload: Workload,
+        ctx: DistContext,
+        eval_batch_size: int,
+        data_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
         self.prefix = prefix
         self.dataset = dataset
         self.workload = workload
         self.ctx = ctx
         self.indices, self.weights = eval_shard(len(dataset), ctx.rank, ctx.world_size)
         self.local_batch = max(1, math.ceil(eval_batch_size / ctx.world_size))
+        self.data_workers, self.seed = data_workers, seed
 
     @torch.no_grad()
     def __call__(self, model: nn.Module) -> dict[str, float]:
@@ -44,11 +56,19 @@ class Evaluator:
     def _local_sums(self, model: nn.Module) -> dict[str, torch.Tensor]:
         device = self.ctx.device
         totals: dict[str, torch.Tensor] = {}
-        for start in range(0, len(self.indices), self.local_batch):
-            index = self.indices[start : start + self.local_batch]
-            inputs, labels = self.dataset[index]
+        batches = eval_batches(
+            self.dataset,
+            self.indices,
+            self.weights,
+            self.local_batch,
+            workers=self.data_workers,
+            seed=self.seed,
+            rank=self.ctx.rank,
+            pin_memory=device.type == "cuda",
+        )
+        for inputs, labels, weights in batches:
             inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            weights = self.weights[start : start + self.local_batch].to(device, non_blocking=True)
+            weights = weights.to(device, non_blocking=True)
             sums = self.workload.eval_sums(model(inputs), labels, weights)
             for name, value in sums.items():
                 value = value.detach().to(torch.float64)

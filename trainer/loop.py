@@ -5,7 +5,8 @@ process group comes from the standard environment (`distributed.setup`). What th
 the playbook section each practice comes from:
 
 - Steps, not epochs: `max_train_steps` updates; the data position is the step itself
-  (`sampling.BatchOrder`), so resuming needs no iterator state.
+  (`sampling.BatchOrder`), so resuming needs no iterator state. Batches are gathered by index, or
+  for an `ExampleDataset` collated by a DataLoader reading the same indices (`batches`).
 - Evaluation every `eval_every_steps` steps, never on a clock, exact over ranks (`evaluation`;
   playbook 000, "Setting up periodic evaluations").
 - Gradient clipping by global norm; the unclipped norm is reported every step with the fraction of
@@ -44,6 +45,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoints, distributed
+from .batches import TrainBatches, first_examples, gather
 from .batchnorm import average_buffers, prepare_batch_norm
 from .config import RunConfig, check_world_size, parse_config
 from .divergence import DivergenceMonitor
@@ -171,6 +173,7 @@ class Run:
         cfg, ctx = self.config, self.ctx
         train_set, valid_set = self.workload.datasets()
         self.train_set = train_set
+        pin_memory = ctx.device.type == "cuda"
         # Shared seed: every rank builds identical parameters (DDP also broadcasts them, but a
         # 1-process run must start where a 2-process run does).
         torch.manual_seed(derive_seed(cfg.seed, "init"))
@@ -199,11 +202,21 @@ class Run:
         self.order = BatchOrder(
             len(train_set), self.h.batch_size, cfg.seed, ctx.rank, ctx.world_size, fixed=self.settings.overfit_one_batch
         )
+        workers = self.settings.data_workers
+        self.batches = TrainBatches(
+            train_set,
+            self.order,
+            self.settings.max_train_steps,
+            workers=workers,
+            seed=cfg.seed,
+            rank=ctx.rank,
+            pin_memory=pin_memory,
+        )
         eval_batch = self.settings.eval_batch_size or max(self.h.batch_size, 256)
-        self.evaluators = [Evaluator("valid", valid_set, self.workload, ctx, eval_batch)]
+        self.evaluators = [Evaluator("valid", valid_set, self.workload, ctx, eval_batch, workers, cfg.seed)]
         if self.settings.train_eval_examples:
-            subset = _Subset(train_set, min(self.settings.train_eval_examples, len(train_set)))
-            self.evaluators.append(Evaluator("train_eval", subset, self.workload, ctx, eval_batch))
+            subset = first_examples(train_set, min(self.settings.train_eval_examples, len(train_set)))
+            self.evaluators.append(Evaluator("train_eval", subset, self.workload, ctx, eval_batch, workers, cfg.seed))
         unused = unused_hyperparameters(self.h, self.given_params)
         if unused and ctx.is_main:
             self.history.warnings.append(f"{', '.join(unused)} not read by optimizer {self.h.optimizer}")
@@ -320,6 +333,8 @@ class Run:
         finally:
             if self.metrics_file is not None:
                 self.metrics_file.close()
+            if hasattr(self, "batches"):  # (not when `build` failed before making it)
+                self.batches.close()  # ends DataLoader workers
         return self.answer(status, reason)
 
     def loop(self) -> tuple[str, str | None]:
@@ -351,8 +366,7 @@ class Run:
     def train_step(self, window: _Window) -> tuple[dict[str, float], bool]:
         """One update; answers its metrics and whether rank 0 asked every rank to stop."""
         device, started = self.ctx.device, time.perf_counter()
-        index = self.order.indices(self.step)
-        inputs, labels = self.train_set[index]
+        inputs, labels = self.batches(self.step)
         inputs = self.workload.augment(inputs, labels, self.augment_rng, self.config.model_params)
         inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         loaded = time.perf_counter()
@@ -460,8 +474,7 @@ class Run:
         """Playbook (004): a model that cannot drive one batch's loss near zero has a bug."""
         if not self.ctx.is_main:
             return
-        index = self.order.indices(0)
-        inputs, labels = self.train_set[index]
+        inputs, labels = gather(self.train_set, self.order.indices(0))
         with torch.no_grad():
             self.model.eval()
             loss = float(self.mean_loss(self.model(inputs.to(self.ctx.device)), labels.to(self.ctx.device), 0.0))
@@ -539,19 +552,6 @@ class _Window:
         }
         self.steps, self.data_seconds, self.total_seconds = 0, 0.0, 0.0
         return values
-
-
-class _Subset:
-    """The first `size` examples of a dataset, for `train_eval/*` metrics."""
-
-    def __init__(self, dataset: Any, size: int) -> None:
-        self.dataset, self.size = dataset, size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.dataset[index]
 
 
 def _rng_state(augment: torch.Generator, device: torch.device) -> dict[str, Any]:

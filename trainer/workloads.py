@@ -18,6 +18,22 @@ The easy way is to subclass `ClassificationWorkload`, which implements everythin
 
         def datasets(self):
             return TensorDataset(x_train, y_train), TensorDataset(x_valid, y_valid)
+
+Datasets come in two kinds. A batch-indexable dataset (`IndexableDataset`: a `TensorDataset`, or
+anything answering `dataset[index_tensor]` with the whole batch) is gathered with one index per
+step, the fast path. An ordinary map-style `torch.utils.data.Dataset` whose `dataset[i]` answers ONE
+example `(input, label)` (often with a per-example transform) is returned wrapped in
+`ExampleDataset`, and is then loaded by a `torch.utils.data.DataLoader` with `trainer.data_workers`
+worker processes and the default collate (or the wrapper's `collate_fn`):
+
+        def datasets(self):
+            return ExampleDataset(MyImages("train", transform=flip)), ExampleDataset(MyImages("valid"))
+
+The wrapper is the opt-in: nothing is guessed from a dataset's type, so a dataset that is not
+wrapped keeps the batch-indexed path. Both kinds see the same batches step by step (the loader's
+`batch_sampler` is the step-based order of `sampling`), so exact resume and DDP sharding hold
+alike; only randomness inside DataLoader workers escapes checkpoints (see `hpo.trainer.batches`).
+`examples/workloads/digits_dataloader.py` is a complete example.
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from .batches import ExampleDataset as ExampleDataset  # re-exported: workloads wrap their datasets in it
 from .char_lm import CharLM
 from .errors import ConfigError
 
@@ -63,14 +80,18 @@ class Workload(Protocol):
             holds every name of `hyperparameters`, defaults filled in.
         build_model(params): a fresh `nn.Module` mapping a batch of inputs to logits
             `[batch, num_classes]`. Called under a seeded RNG shared by every rank.
-        datasets(): `(train, valid)` `IndexableDataset`s; labels are int64 class indices. The
-            same on every rank and every call (no randomness beyond a fixed seed).
+        datasets(): `(train, valid)`, each an `IndexableDataset` (gathered a batch at a time by
+            an index tensor) or an `ExampleDataset` (a map-style dataset of single examples,
+            loaded by a DataLoader with `trainer.data_workers` workers; see the module doc);
+            labels are int64 class indices. The same on every rank and every call (no randomness
+            beyond a fixed seed, apart from per-example transforms).
         loss(logits, labels, label_smoothing): per-example training loss, shape `[batch]`.
         mean_loss(logits, labels, label_smoothing), optional: `loss(...).mean()` in one fused
             call where the workload has one (the built-ins use cross-entropy's own mean, which
             saves 20 us a step on a 1 ms step); the loop trains on it when present.
         augment(inputs, labels, generator, params): the training inputs after augmentation; draws
-            only from `generator` (per rank, saved in checkpoints).
+            only from `generator` (per rank, saved in checkpoints). Runs on the whole batch in the
+            training process, after a DataLoader's collate too.
         eval_sums(logits, labels, weights): per-batch sums as float64 tensors (same keys and shapes
             every batch); examples of weight 0 must not count. Summed over batches and ranks.
         eval_metrics(sums): metric values (names without the `valid/` prefix) from the totals.

@@ -8,19 +8,20 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
-from hpo.trainer.workloads import ClassificationWorkload
+from hpo.trainer.workloads import ClassificationWorkload, ExampleDataset
 
 
 class Tiny(ClassificationWorkload):
     """Gaussian blobs, one per class, in `num_features` dimensions: learnable to a low error.
 
     `head_bias` sets the first logit's bias of the freshly built model: a large value makes the
-    untrained loss far from ln(num_classes) (the initial-loss sanity check's positive case)."""
+    untrained loss far from ln(num_classes) (the initial-loss sanity check's positive case); `dropout`
+    after the hidden layer makes a run draw from torch's global RNG every step."""
 
     num_classes = 3
-    hyperparameters: Mapping[str, Any] = {"width": 16, "head_bias": 0.0}
+    hyperparameters: Mapping[str, Any] = {"width": 16, "head_bias": 0.0, "dropout": 0.0}
 
     def __init__(self, num_features: int = 6, train_examples: int = 300, valid_examples: int = 150) -> None:
         self.num_features = num_features
@@ -28,7 +29,10 @@ class Tiny(ClassificationWorkload):
 
     def build_model(self, params: Mapping[str, Any]) -> nn.Module:
         width = int(params["width"])
-        model = nn.Sequential(nn.Linear(self.num_features, width), nn.ReLU(), nn.Linear(width, self.num_classes))
+        dropout: list[nn.Module] = [nn.Dropout(float(params["dropout"]))] if params["dropout"] else []
+        model = nn.Sequential(
+            nn.Linear(self.num_features, width), nn.ReLU(), *dropout, nn.Linear(width, self.num_classes)
+        )
         if params["head_bias"]:
             with torch.no_grad():
                 model[-1].bias[0] = float(params["head_bias"])
@@ -65,3 +69,34 @@ class OutOfMemory(Tiny):
 
     def build_model(self, params: Mapping[str, Any]) -> nn.Module:
         return _OutOfMemory(self.num_features, self.num_classes)
+
+
+class _Examples(Dataset[tuple[torch.Tensor, int]]):
+    """Single examples of two tensors, `dataset[i] -> (input, label)`, as a user's Dataset answers
+    them; `noise` adds per-example Gaussian noise drawn from torch's global RNG (a transform)."""
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, noise: float = 0.0) -> None:
+        self.inputs, self.labels, self.noise = inputs, labels, noise
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not isinstance(index, int):
+            raise TypeError(f"a single-example dataset takes an int, got {type(index).__name__}")
+        x = self.inputs[index]
+        if self.noise:
+            x = x + self.noise * torch.randn(x.shape)
+        return x, int(self.labels[index])
+
+
+class TinyExamples(Tiny):
+    """`Tiny`'s data as map-style datasets of single examples, loaded through a DataLoader."""
+
+    def __init__(self, noise: float = 0.0, **options: Any) -> None:
+        super().__init__(**options)
+        self.noise = noise
+
+    def datasets(self) -> tuple[ExampleDataset, ExampleDataset]:  # type: ignore[override]
+        train, valid = super().datasets()
+        return ExampleDataset(_Examples(*train.tensors, noise=self.noise)), ExampleDataset(_Examples(*valid.tensors))
