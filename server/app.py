@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -12,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpo.settings import Settings
 
+from . import charts as chart_data
 from . import leases
 from .api import analysis, charts, dashboard, errors, health, openapi, signin, studies, trials, workers
 from .api.auth import Auth
@@ -36,6 +38,9 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
         reaper = asyncio.create_task(_reap_forever(db, settings.lease_seconds / 4))
         refiller = Refiller(db, processes=settings.bayesian_processes)  # bayesian proposal queues
         refiller.start()
+        # The importance chart's scikit-learn (and the pandas it pulls in) take half a second to
+        # import: done now, off the request path, so a study page's first visit does not wait.
+        threading.Thread(target=chart_data.preload, name="hpo-preload", daemon=True).start()
         try:
             yield
         finally:

@@ -92,6 +92,7 @@
 
   // Counts settled charts on <body data-charts-settled="N">, for tests and for the timing bench.
   // Charts draw when scrolled near (data-requested); "ready" once every requested one has drawn.
+  // Called after each draw and after the page's first look at which charts are in view.
   hpo.settled = function () {
     var all = document.querySelectorAll("[data-chart]");
     var done = 0, requested = 0;
@@ -102,7 +103,9 @@
     });
     document.body.dataset.chartsSettled = String(done);
     document.body.dataset.chartsTotal = String(Array.prototype.filter.call(all, function (c) { return !c.dataset.onDemand || c.dataset.requested; }).length);
-    if (requested && done === requested && !document.body.dataset.chartsReadyAt) {
+    // Nothing requested yet is ready too once the viewport has been looked at (the observer's
+    // first report): a page scrolled past its charts, or one whose charts are all further down.
+    if (done === requested && !document.body.dataset.chartsReadyAt) {
       document.body.dataset.chartsReadyAt = String(Math.round(performance.now()));
     }
   };

@@ -255,19 +255,28 @@
     return api + "/charts/" + kind + q;
   }
 
+  function drawFrom(kind, box, data) {
+    return data.then(function (d) { return draw[kind](d, box); }).catch(function (e) { hpo.failed(box, e); });
+  }
+
   function load(kind) {
     var box = el(kind);
     if (!box) return Promise.resolve();
-    return hpo.getJSON(url(kind)).then(function (d) { return draw[kind](d, box); }).catch(function (e) { hpo.failed(box, e); });
+    return drawFrom(kind, box, hpo.getJSON(url(kind)));
   }
 
   // Charts draw when they come near the viewport, one at a time, so the page stays responsive
-  // while a big study's charts draw; a live redraw touches only the charts already drawn.
+  // while a big study's charts draw; their data is asked for at once (the server answers them in
+  // parallel from one shared load), and a live redraw touches only the charts already drawn.
   var queue = Promise.resolve();
   function enqueue(kind) {
+    var box = el(kind);
+    if (!box) return queue;
+    var data = hpo.getJSON(url(kind));
+    data.catch(function () { /* reported when its turn to draw comes */ });
     queue = queue.then(function () {
       return new Promise(function (resolve) { setTimeout(resolve, 0); });
-    }).then(function () { return load(kind); });
+    }).then(function () { return drawFrom(kind, box, data); });
     return queue;
   }
 
@@ -286,6 +295,7 @@
       box.dataset.requested = "1";
       enqueue(box.dataset.chart);
     });
+    hpo.settled();
   }, { rootMargin: "200px" });
 
   var curveFig = el("curves") && el("curves").parentElement;

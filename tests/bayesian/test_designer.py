@@ -60,3 +60,25 @@ def test_too_few_feasible_results_fall_back_on_the_quasi_random_sequence() -> No
     proposal = propose(Problem(dims=2, observed=[], values=[], pending=[], q=2, seed=1, fallback=continuation))
     assert proposal.model == "random"
     assert proposal.points == continuation[:2]
+
+
+def test_noise_is_inferred_from_the_data_smooth_or_noisy() -> None:
+    """The wide noise prior lets a smooth objective be modelled nearly exactly, and still infers a
+    noisy one's noise (trials of real training runs are noisy: a seed changes the result)."""
+    import torch
+
+    from hpo.server.bayesian.designer import _fit_gp
+
+    x = torch.tensor(_halton(40), dtype=torch.double)
+    smooth = torch.tensor([[_bowl(u)] for u in x.tolist()], dtype=torch.double)
+    rng = np.random.default_rng(0)
+    noise_std = 0.05  # the bowl spans about 0.9: a noise std of about a fifth of its spread
+    noisy = smooth + torch.tensor(rng.normal(0, noise_std, size=(40, 1)))
+
+    def inferred_std(y: torch.Tensor) -> float:
+        model = _fit_gp(x, y)
+        # the likelihood's noise is in standardized units; back to the objective's own
+        return float(model.likelihood.noise.item() ** 0.5 * y.std().item())
+
+    assert inferred_std(smooth) < 0.001  # BoTorch's default prior and floor hold it at 0.0025 here
+    assert 0.5 * noise_std < inferred_std(noisy) < 2 * noise_std
