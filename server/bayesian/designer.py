@@ -1,9 +1,9 @@
 """The designer: given observations in the unit cube, the next points to try. BoTorch does the
 statistics (STYLE.md, "BoTorch and Ax"); this module only assembles its three pieces:
 
-- a model: `SingleTaskGP` on the feasible trials' objective (BoTorch's default priors: a Matérn-5/2
-  kernel with a dimension-scaled log-normal lengthscale prior, standardized outcomes), fitted with
-  `fit_gpytorch_mll`; when some trials were infeasible, a second `SingleTaskGP` on the 0/1
+- a model: `SingleTaskGP` on the feasible trials' objective (BoTorch's default kernel: RBF with a
+  dimension-scaled log-normal lengthscale prior; standardized outcomes; our own noise prior, see
+  `_likelihood`), fitted with `fit_gpytorch_mll`; when some trials were infeasible, a second `SingleTaskGP` on the 0/1
   feasibility of every finished trial, in the spirit of "Bayesian optimization with unknown
   constraints" (Gelbart et al. 2014; the playbook's advice in "After exploration concludes");
 - an acquisition function: `qLogNoisyExpectedImprovement`, with the running and pending trials as
