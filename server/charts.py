@@ -46,6 +46,9 @@ ChartKind = Literal[
 CHART_KINDS: tuple[str, ...] = get_args(ChartKind)
 CURVE_POINTS = 60  # points per curve after downsampling: enough for the shape, cheap for 1,000 curves
 MAX_CURVES = 5000
+# Curves drawn by default: every trial of most studies; past that the best ones (a thousand
+# overlapping curves is a texture, not a plot; the person can ask for up to MAX_CURVES).
+CURVES_SHOWN = 300
 PARALLEL_LINES = 1000
 STALL_SECONDS = 300.0  # nothing started or finished for this long while trials wait: say so
 _FINISHED = ("completed", "infeasible", "failed", "cancelled")
@@ -515,10 +518,10 @@ def downsampled(session: Session, trial_ids: Sequence[int], name: str, width: in
 
 
 def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
-    """Curves of `metric` (default: the objective) for the best `limit` trials (all of them up to
-    1,000 by default), optionally of one `arm` (its label), downsampled to about `points` points."""
+    """Curves of `metric` (default: the objective) for the best `limit` trials (`CURVES_SHOWN` by
+    default), optionally of one `arm` (its label), downsampled to about `points` points."""
     metric = str(options.get("metric") or study.metric)
-    limit = int(options.get("limit") or 1000)
+    limit = int(options.get("limit") or CURVES_SHOWN)
     points = int(options.get("points") or CURVE_POINTS)
     sign = _sign(study)
     trials = [t for t in trial_summaries(session, study.id) if t.status != "pending"]

@@ -162,6 +162,36 @@ class MetricPoint(Base):
     nonfinite: Mapped[int] = mapped_column(SmallInteger, default=0)
 
 
+class CurveStat(Base):
+    """One completed trial's aggregates of one metric's curve (`analysis.queries.curve_stats`),
+    kept so a study's analysis does not read every point again: a completed trial's points no
+    longer change. A row holds for the trial's `attempt` and the `cut`, `first_step` and
+    `first_obj` it was computed with, and is recomputed when one differs. `n` 0: no such points.
+    No foreign key, as for metric_points (nothing deletes trials)."""
+
+    __tablename__ = "curve_stats"
+
+    trial_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    cut: Mapped[int] = mapped_column(Integer)
+    first_step: Mapped[int] = mapped_column(Integer)
+    first_obj: Mapped[int] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Integer)
+    v0: Mapped[float | None] = mapped_column(Double)
+    vmin: Mapped[float | None] = mapped_column(Double)
+    vmax: Mapped[float | None] = mapped_column(Double)
+    late_n: Mapped[int | None] = mapped_column(Integer)
+    late_min: Mapped[float | None] = mapped_column(Double)
+    late_max: Mapped[float | None] = mapped_column(Double)
+    sx: Mapped[float | None] = mapped_column(Double)
+    sy: Mapped[float | None] = mapped_column(Double)
+    sxx: Mapped[float | None] = mapped_column(Double)
+    sxy: Mapped[float | None] = mapped_column(Double)
+    syy: Mapped[float | None] = mapped_column(Double)
+    s1: Mapped[int | None] = mapped_column(Integer)
+
+
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("trial_id", "attempt", "step"),)

@@ -8,6 +8,7 @@ plain values (see `model.py`). Queries are portable between SQLite and Postgres.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -15,11 +16,14 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import bindparam, select, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ..errors import NotFound
-from ..models import NonFinite, Study, Trial
+from ..models import CurveStat, NonFinite, Study, Trial, TrialStatus
 from .model import Curve, TrialSummary
+
+_log = logging.getLogger("hpo.server.analysis")
 
 
 @dataclass(frozen=True)
@@ -216,11 +220,13 @@ SELECT m.trial_id, m.name, count(*) AS n, min(m.value) AS vmin, max(m.value) AS 
        sum(CASE WHEN m.step >= :cut THEN (m.step - :cut) * m.value END) AS sxy,
        sum(CASE WHEN m.step >= :cut THEN m.value * m.value END) AS syy,
        max(m.step) AS s1
-FROM metric_points m JOIN trials t ON t.id = m.trial_id
-WHERE t.study_id = :study_id AND t.status = 'completed' AND m.name IN :names AND m.nonfinite = 0
+FROM metric_points m
+WHERE m.trial_id IN :ids AND m.name IN :names AND m.nonfinite = 0
   AND (m.step >= :cut OR m.step = :first_step OR m.step = :first_obj)
 GROUP BY m.trial_id, m.name
 """
+# The aggregates `curve_stats` reads, in the order of the numpy columns below.
+_STAT_FIELDS = ("n", "v0", "vmin", "vmax", "late_n", "late_min", "sx", "sy", "sxx", "sxy", "syy", "s1", "late_max")
 
 
 @dataclass(frozen=True)
@@ -262,7 +268,9 @@ def curve_stats(
     """`{name: CurveStats}` over the study's completed trials (see `_CURVE_STATS`): the late part
     is the last quarter of `horizon` (max_train_steps), `first` is measured for `first_of` only
     (the training loss, for the divergence rule) at the first step one completed trial reported.
-    The line through the late points is fitted from the sums in numpy, for all trials at once."""
+    The line through the late points is fitted from the sums in numpy, for all trials at once.
+    A completed trial's sums are kept in `curve_stats` (its points no longer change), so only the
+    trials that completed since the last call are read point by point."""
     one = session.execute(
         text("SELECT min(id) FROM trials WHERE study_id = :study_id AND status = 'completed'"), {"study_id": study_id}
     ).scalar()
@@ -278,45 +286,120 @@ def curve_stats(
     first_step = firsts.get(first_of)
     other = next((s for n, s in firsts.items() if n != first_of and s is not None), None)
     cut = late_cut(horizon)
-    statement = text(_CURVE_STATS).bindparams(bindparam("names", expanding=True))
     params = {
-        "study_id": study_id,
-        "names": list(names),
         "cut": cut,
         "first_name": first_of,
         "first_step": -1 if first_step is None else int(first_step),
         "first_obj": -1 if other is None else int(other),
     }
-    rows = session.execute(statement, params).all()
+    rows = _kept_or_computed(session, study_id, list(names), params)
     out: dict[str, CurveStats] = {}
     for name in names:
-        fields = ("trial_id", "n", "v0", "vmin", "vmax", "late_n", "late_min", "sx", "sy", "sxx", "sxy", "syy", "s1")
-        cols = np.array(
-            [(*(getattr(r, f) for f in fields), r.late_max) for r in rows if r.name == name],
-            dtype=float,
-        ).reshape(-1, 14)
-        k = np.maximum(np.nan_to_num(cols[:, 5]), 1.0)
-        mx, my = np.nan_to_num(cols[:, 7]) / k, np.nan_to_num(cols[:, 8]) / k
-        vxx = np.maximum(np.nan_to_num(cols[:, 9]) / k - mx**2, 0.0)
-        cxy = np.nan_to_num(cols[:, 10]) / k - mx * my
+        cols = np.array([r[2:] for r in rows if r[1] == name], dtype=float).reshape(-1, 13)
+        ids = np.array([r[0] for r in rows if r[1] == name], dtype=np.int64)
+        k = np.maximum(np.nan_to_num(cols[:, 4]), 1.0)
+        mx, my = np.nan_to_num(cols[:, 6]) / k, np.nan_to_num(cols[:, 7]) / k
+        vxx = np.maximum(np.nan_to_num(cols[:, 8]) / k - mx**2, 0.0)
+        cxy = np.nan_to_num(cols[:, 9]) / k - mx * my
         slope = np.divide(cxy, vxx, out=np.zeros_like(cxy), where=vxx > 0)
-        resid = np.maximum(np.nan_to_num(cols[:, 11]) / k - my**2 - slope * cxy, 0.0) * k / np.maximum(k - 2, 1.0)
-        width = np.maximum(cols[:, 12] - cut, 0.0)
-        late = cols[:, 5] > 0
+        resid = np.maximum(np.nan_to_num(cols[:, 10]) / k - my**2 - slope * cxy, 0.0) * k / np.maximum(k - 2, 1.0)
+        width = np.maximum(cols[:, 11] - cut, 0.0)
+        late = cols[:, 4] > 0
         out[name] = CurveStats(
-            trial_ids=cols[:, 0].astype(np.int64),
-            n=np.nan_to_num(cols[:, 5]) * cols[:, 12] / np.maximum(width, 1.0),
-            first=cols[:, 2],
-            minimum=cols[:, 3],
-            maximum=cols[:, 4],
+            trial_ids=ids,
+            n=np.nan_to_num(cols[:, 4]) * cols[:, 11] / np.maximum(width, 1.0),
+            first=cols[:, 1],
+            minimum=cols[:, 2],
+            maximum=cols[:, 3],
             end=np.where(late, my + slope * (width - mx), np.nan),
-            late_n=cols[:, 5],
-            late_min=cols[:, 6],
-            late_max=cols[:, 13],
+            late_n=cols[:, 4],
+            late_min=cols[:, 5],
+            late_max=cols[:, 12],
             late_noise=np.sqrt(resid),
             late_change=slope * width,
         )
     return out
+
+
+_KEPT_STATS = """
+SELECT c.trial_id, c.name, {fields}
+FROM curve_stats c JOIN trials t ON t.id = c.trial_id
+WHERE t.study_id = :study_id AND t.status = 'completed' AND c.attempt = t.attempt AND c.name IN :names
+  AND c.cut = :cut AND c.first_step = :first_step AND c.first_obj = :first_obj
+"""
+
+
+def _kept_or_computed(
+    session: Session, study_id: int, names: list[str], params: dict[str, Any]
+) -> list[tuple[Any, ...]]:
+    """(trial_id, name, *_STAT_FIELDS) of every completed trial and name with points: the kept
+    rows that still hold, the others aggregated from the points and kept for the next call."""
+    kept_sql = text(_KEPT_STATS.format(fields=", ".join(f"c.{f}" for f in _STAT_FIELDS)))
+    kept = session.execute(
+        kept_sql.bindparams(bindparam("names", expanding=True)), {"study_id": study_id, "names": names, **params}
+    ).all()
+    have: dict[int, int] = {}
+    for r in kept:
+        have[r.trial_id] = have.get(r.trial_id, 0) + 1
+    attempts = dict(
+        session.execute(
+            select(Trial.id, Trial.attempt).where(Trial.study_id == study_id, Trial.status == TrialStatus.completed)
+        ).all()
+    )
+    missing = sorted(t for t in attempts if have.get(t, 0) < len(names))
+    rows = [tuple(r) for r in kept if r.n]
+    if not missing:
+        return rows
+    statement = text(_CURVE_STATS).bindparams(bindparam("ids", expanding=True), bindparam("names", expanding=True))
+    fresh: dict[tuple[int, str], dict[str, Any]] = {}
+    for start in range(0, len(missing), 1000):  # bounded IN lists
+        chunk = missing[start : start + 1000]
+        for r in session.execute(statement, {"ids": chunk, "names": names, **params}):
+            fresh[(r.trial_id, r.name)] = {f: getattr(r, f) for f in _STAT_FIELDS}
+    rows += [(t, name, *(v[f] for f in _STAT_FIELDS)) for (t, name), v in fresh.items()]
+    _keep(session, missing, names, attempts, params, fresh)
+    return rows
+
+
+def _keep(
+    session: Session,
+    trial_ids: list[int],
+    names: list[str],
+    attempts: Mapping[int, int],
+    params: Mapping[str, Any],
+    fresh: Mapping[tuple[int, str], Mapping[str, Any]],
+) -> None:
+    """Upserts the fresh aggregates (and `n` 0 for a name a trial has no points of), in a
+    savepoint: a write that loses a race, or a read-only database, costs only the keeping."""
+    empty = dict.fromkeys(_STAT_FIELDS, None) | {"n": 0}
+    values = [
+        {
+            "trial_id": t,
+            "name": name,
+            "attempt": attempts[t],
+            "cut": params["cut"],
+            "first_step": params["first_step"],
+            "first_obj": params["first_obj"],
+            **fresh.get((t, name), empty),
+        }
+        for t in trial_ids
+        for name in names
+    ]
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as upsert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+    statement = upsert(CurveStat)
+    statement = statement.on_conflict_do_update(
+        index_elements=["trial_id", "name"],
+        set_={c: statement.excluded[c] for c in values[0] if c not in ("trial_id", "name")},
+    )
+    try:
+        with session.begin_nested():
+            for start in range(0, len(values), 2000):
+                session.execute(statement, values[start : start + 2000])
+    except SQLAlchemyError:
+        _log.warning("could not keep the curve statistics of %d trials", len(trial_ids), exc_info=True)
 
 
 def late_cut(horizon: float | None) -> int:

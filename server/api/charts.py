@@ -38,7 +38,9 @@ def get_chart(
     study_id: StudyId,
     kind: ChartKind,
     metric: str | None = Query(None, max_length=200, description="curves: the metric (default the objective)"),
-    limit: int = Query(1000, ge=1, le=charts.MAX_CURVES, description="curves: at most this many trials, best first"),
+    limit: int = Query(
+        charts.CURVES_SHOWN, ge=1, le=charts.MAX_CURVES, description="curves: at most this many trials, best first"
+    ),
     points: int = Query(charts.CURVE_POINTS, ge=2, le=2000, description="curves: points per curve after downsampling"),
     arm: str | None = Query(None, max_length=500, description="curves: only this arm (its label)"),
     x: str | None = Query(None, max_length=200, description="contour: the x hyperparameter"),

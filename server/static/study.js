@@ -248,7 +248,7 @@
     var q = "";
     if (kind === "curves") {
       var o = curveOptions();
-      q = "?metric=" + encodeURIComponent(o.metric) + "&limit=" + encodeURIComponent(o.limit || 1000) + (o.arm ? "&arm=" + encodeURIComponent(o.arm) : "");
+      q = "?metric=" + encodeURIComponent(o.metric) + "&limit=" + encodeURIComponent(o.limit || 300) + (o.arm ? "&arm=" + encodeURIComponent(o.arm) : "");
     } else if (kind === "contour" && contourChoice.x && contourChoice.y) {
       q = "?x=" + encodeURIComponent(contourChoice.x) + "&y=" + encodeURIComponent(contourChoice.y);
     }

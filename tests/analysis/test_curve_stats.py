@@ -1,0 +1,84 @@
+"""The kept curve statistics of completed trials: the same numbers as aggregating the points, read
+back instead of recomputed, and recomputed when what they were computed with no longer holds."""
+
+from __future__ import annotations
+
+import numpy as np
+from sqlalchemy import text
+
+from hpo.server import leases, results, studies
+from hpo.server.analysis import queries
+from hpo.server.db import Database
+from hpo.server.schemas import MetricPointIn
+from tests.analysis import planted
+from tests.server.factories import study_spec
+
+NAMES = ["train/loss", "valid/error_rate"]
+
+
+def _complete_one(db: Database, seed: int) -> None:
+    claim = leases.claim(db, "w", 4, 0, 60)
+    assert claim is not None
+    valid, train = planted.clean(seed, level=0.1 + 0.01 * seed)
+    points = [
+        MetricPointIn(step=int(s), name="valid/error_rate", value=float(v))
+        for s, v in zip(valid.steps, valid.values, strict=True)
+    ]
+    points += [
+        MetricPointIn(step=int(s), name="train/loss", value=float(v))
+        for s, v in zip(train.steps, train.values, strict=True)
+    ]
+    results.record_metrics(db, claim.trial_id, claim.lease_id, points)
+    leases.complete(db, claim.trial_id, claim.lease_id)
+
+
+def _study_with_completed_trials(db: Database, count: int) -> int:
+    study = studies.create_study(db, study_spec(num_trials=count))
+    for seed in range(count):
+        _complete_one(db, seed)
+    return study.id
+
+
+def _stats(db: Database, study_id: int) -> dict[str, queries.CurveStats]:
+    with db.transaction() as session:
+        return queries.curve_stats(session, study_id, NAMES, planted.HORIZON, "train/loss")
+
+
+def _same(a: queries.CurveStats, b: queries.CurveStats) -> bool:
+    order_a, order_b = np.argsort(a.trial_ids), np.argsort(b.trial_ids)
+    fields = ("trial_ids", "n", "first", "minimum", "maximum", "end", "late_n", "late_noise", "late_change")
+    return all(np.allclose(getattr(a, f)[order_a], getattr(b, f)[order_b], equal_nan=True, rtol=1e-12) for f in fields)
+
+
+def test_kept_statistics_are_read_back_and_recomputed_when_stale(db: Database) -> None:
+    study_id = _study_with_completed_trials(db, 4)
+    computed = _stats(db, study_id)
+    assert len(computed["valid/error_rate"].trial_ids) == 4
+    with db.engine.begin() as conn:
+        assert conn.execute(text("SELECT count(*) FROM curve_stats")).scalar() == 8  # 4 trials x 2 names
+        # a kept row is what the next call reads: plant a value the points cannot give
+        first = int(computed["valid/error_rate"].trial_ids[0])
+        conn.execute(text("UPDATE curve_stats SET vmax = 99 WHERE trial_id = :t AND name = 'valid/error_rate'"),
+                     {"t": first})  # fmt: skip
+    read_back = _stats(db, study_id)
+    assert 99.0 in read_back["valid/error_rate"].maximum.tolist()
+    with db.engine.begin() as conn:  # the trial ran again: its kept row no longer holds
+        conn.execute(text("UPDATE trials SET attempt = attempt + 1 WHERE id = :t"), {"t": first})
+    again = _stats(db, study_id)
+    assert 99.0 not in again["valid/error_rate"].maximum.tolist()
+    for name in NAMES:
+        assert _same(again[name], computed[name])
+    with db.engine.begin() as conn:  # with nothing kept, the points give the same numbers
+        conn.execute(text("DELETE FROM curve_stats"))
+    fresh = _stats(db, study_id)
+    for name in NAMES:
+        assert _same(fresh[name], computed[name])
+    # a trial completed later is added to what is kept; the others are read back, not recomputed
+    with db.engine.begin() as conn:
+        conn.execute(text("UPDATE curve_stats SET vmax = 77 WHERE trial_id = :t AND name = 'valid/error_rate'"),
+                     {"t": first})  # fmt: skip
+    _complete_one(db, 9)
+    more = _stats(db, study_id)
+    assert len(more["valid/error_rate"].trial_ids) == 5 and 77.0 in more["valid/error_rate"].maximum.tolist()
+    with db.engine.begin() as conn:
+        assert conn.execute(text("SELECT count(*) FROM curve_stats")).scalar() == 10
