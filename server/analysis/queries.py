@@ -8,6 +8,7 @@ plain values (see `model.py`). Queries are portable between SQLite and Postgres.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,15 @@ def study_info(session: Session, study_id: int) -> StudyInfo:
         metric=study.objective_metric,
         mode=study.objective_mode,
     )
+
+
+def arms_of(session: Session, study_id: int) -> list[dict[str, Any]]:
+    """The distinct arms the study's trials belong to (one small query: the study page asks for
+    them before any chart, so they must not wait on the trial summaries)."""
+    rows = session.execute(
+        text("SELECT DISTINCT CAST(arm AS TEXT) FROM trials WHERE study_id = :study_id"), {"study_id": study_id}
+    ).scalars()
+    return [json.loads(r) if r else {} for r in rows]
 
 
 def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:

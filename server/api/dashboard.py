@@ -19,11 +19,11 @@ from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from .. import notes, studies, trials
-from ..analysis import memo
+from ..analysis import memo, queries
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import analyze_study
 from ..analysis.tracking import tracking_rows
-from ..charts import best_per_arm, trial_summaries
+from ..charts import best_per_arm
 from ..errors import InvalidInput, NotFound
 from ..schemas import TrialCounts
 from .deps import DatabaseDep, SettingsDep, StudyId, TrialId
@@ -65,7 +65,7 @@ def study_page(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
     a big study's first visit does not wait seconds for the checklist before drawing anything."""
     study = studies.get_study(db, study_id)
     with db.transaction() as session:
-        labels = sorted({arm_label(t.arm) for t in trial_summaries(session, study_id)})
+        labels = sorted({arm_label(arm) for arm in queries.arms_of(session, study_id)})
     return _page(
         "study.html",
         **_analysis_context(db, study, memo.peek(db, study_id, "analysis")),
