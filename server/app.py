@@ -27,6 +27,14 @@ from .db import Database
 _log = logging.getLogger("hpo.server")
 
 
+WARM_CONNECTIONS = 8  # a fleet's first burst of claims, spread over the server's processes
+
+
+def _warm_up(db: Database) -> None:
+    db.warm_pool(WARM_CONNECTIONS)
+    chart_data.preload()
+
+
 def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
     """The application over `settings.database_url`; the schema is upgraded on start."""
     db = Database(settings.database_url)
@@ -40,7 +48,7 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
         refiller.start()
         # The importance chart's scikit-learn (and the pandas it pulls in) take half a second to
         # import: done now, off the request path, so a study page's first visit does not wait.
-        threading.Thread(target=chart_data.preload, name="hpo-preload", daemon=True).start()
+        threading.Thread(target=_warm_up, args=(db,), name="hpo-warm-up", daemon=True).start()
         try:
             yield
         finally:

@@ -6,6 +6,7 @@ driver errors into the service's own `StorageError` (Optuna's storage does the s
 from __future__ import annotations
 
 import fcntl
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from .errors import Conflict, HpoError, StorageError
 
 # An arbitrary constant shared by every hpo server: the advisory lock that serializes upgrades.
 _MIGRATION_LOCK_KEY = 0x68706F
+_log = logging.getLogger("hpo.server")
 
 
 class Database:
@@ -34,6 +36,21 @@ class Database:
         self.engine = _make_engine(url, echo=echo)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._next_reap = 0.0
+
+    def warm_pool(self, connections: int) -> None:
+        """Opens `connections` pooled connections now (Postgres), so a burst of first requests,
+        such as every worker of a fleet claiming at once after a restart, does not wait for them."""
+        if self.is_sqlite:
+            return
+        opened = []
+        try:
+            for _ in range(connections):
+                opened.append(self.engine.connect())
+        except SQLAlchemyError:
+            _log.warning("could not open the database connections ahead", exc_info=True)
+        finally:
+            for connection in opened:
+                connection.close()
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
