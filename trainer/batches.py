@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
+from .errors import ConfigError
 from .sampling import BatchOrder, derive_seed
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -64,6 +65,27 @@ def gather(dataset: Any, index: torch.Tensor) -> Batch:
         return inputs, labels
     inputs, labels = dataset[index]
     return inputs, labels
+
+
+def check_dataset(dataset: Any, which: str) -> None:
+    """Raises `ConfigError` naming the fix when a dataset that is not an `ExampleDataset` cannot
+    answer a batch for a tensor of positions: most often a map-style Dataset of single examples
+    that its workload forgot to wrap."""
+    if isinstance(dataset, ExampleDataset):
+        return
+    try:
+        size = len(dataset)
+        batch = dataset[torch.arange(min(2, size))]
+        ok = isinstance(batch, (tuple, list)) and len(batch) == 2 and len(batch[1]) == min(2, size)
+    except Exception as exc:  # the user's dataset may raise anything on a tensor index
+        ok, batch = False, exc
+    if not ok:
+        raise ConfigError(
+            f"workload datasets(): the {which} dataset does not answer a whole batch "
+            f"(inputs, labels) for a tensor of positions (got {type(batch).__name__}); a Dataset whose "
+            "dataset[i] is one example must be wrapped: ExampleDataset(dataset) (from hpo.trainer.workloads), "
+            "which loads it through a DataLoader"
+        )
 
 
 def first_examples(dataset: Any, size: int) -> Any:

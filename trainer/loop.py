@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoints, distributed
-from .batches import TrainBatches, first_examples, gather
+from .batches import TrainBatches, check_dataset, first_examples, gather
 from .batchnorm import average_buffers, prepare_batch_norm
 from .config import RunConfig, check_world_size, parse_config
 from .divergence import DivergenceMonitor
@@ -172,6 +172,8 @@ class Run:
     def build(self) -> None:
         cfg, ctx = self.config, self.ctx
         train_set, valid_set = self.workload.datasets()
+        check_dataset(train_set, "train")
+        check_dataset(valid_set, "valid")
         self.train_set = train_set
         pin_memory = ctx.device.type == "cuda"
         # Shared seed: every rank builds identical parameters (DDP also broadcasts them, but a

@@ -159,3 +159,25 @@ def test_data_workers_is_a_checked_trainer_setting(tmp_path: Path) -> None:
     for bad in (-1, 1.5, True, "2"):
         with pytest.raises(ConfigError, match="trainer.data_workers"):
             train(_config(data_workers=bad), tmp_path)
+
+
+def test_an_unwrapped_single_example_dataset_is_refused_with_the_fix() -> None:
+    """A map-style Dataset of single examples handed over as it is: a clear ConfigError that
+    names ExampleDataset, not an indexing error from inside the training loop."""
+    import pytest
+    import torch
+    from torch.utils.data import Dataset
+
+    from hpo.trainer.batches import check_dataset
+    from hpo.trainer.errors import ConfigError
+
+    class OneAtATime(Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            return torch.zeros(3), int(i) % 2  # an int index only: a tensor of positions fails
+
+    with pytest.raises(ConfigError, match="train dataset .*ExampleDataset"):
+        check_dataset(OneAtATime(), "train")
+    check_dataset(torch.utils.data.TensorDataset(torch.zeros(4, 3), torch.zeros(4)), "valid")
