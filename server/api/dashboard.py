@@ -149,6 +149,10 @@ def static(name: str) -> Response:
 # dashboard and the API docs work offline).
 _VENDOR = {
     "plotly.min.js": ("plotly", "package_data/plotly.min.js"),
+    # plotly.js's "cartesian" partial bundle (npm plotly.js-cartesian-dist-min, MIT, the version of
+    # plotly.min.js above; refreshed by scripts/vendor-plotly): a third of the full bundle to parse,
+    # enough for the study page's first charts (docs/decisions.md).
+    "plotly-cartesian.min.js": ("hpo.server", "static/vendor/plotly-cartesian.min.js"),
     "swagger-ui-bundle.js": ("fastapi_offline", "static/swagger-ui-bundle.js"),
     "swagger-ui.css": ("fastapi_offline", "static/swagger-ui.css"),
     "redoc.standalone.js": ("fastapi_offline", "static/redoc.standalone.js"),

@@ -57,7 +57,7 @@
       box.appendChild(div);
       var spec = drawOne(item);
       total += spec.traces.reduce(function (n, t) { return n + (t.x ? t.x.length : 0); }, 0);
-      return Plotly.react(div, spec.traces, spec.layout, hpo.config(spec.name)).then(function () {
+      return hpo.plot(div, spec.traces, spec.layout, hpo.config(spec.name)).then(function () {
         div.on("plotly_click", function (ev) {
           var p = ev && ev.points && ev.points[0];
           if (p && p.customdata) window.location.href = "/trials/" + p.customdata;
@@ -78,7 +78,7 @@
     if (!any) return hpo.empty(box, "No completed trials yet.");
     return panels(box, d.panels, function (p) {
       var n = p.series.reduce(function (k, s) { return k + s.x.length; }, 0);
-      var traces = p.series.map(function (s, i) { return markers(withText(s, d.text), hpo.COLORS[i % hpo.COLORS.length], null, n > 2000 ? 0 : null); });
+      var traces = p.series.map(function (s, i) { return markers(withText(s, d.text), hpo.COLORS[i % hpo.COLORS.length], null, n > 10000 ? 0 : null); });
       if (p.infeasible.x.length) traces.push(infeasibleTrace(withText(p.infeasible, d.text)));
       var shapes = (p.bounds || []).map(function (b) {
         return { type: "line", xref: "x", yref: "paper", x0: b, x1: b, y0: 0, y1: 1, line: { dash: "dash", color: "#999", width: 1 } };
@@ -480,7 +480,7 @@
         var at = bo.model.best_params ? bo.model.best_params[sl.name] : null;
         var shapes = typeof at === "number" ? [{ type: "line", xref: "x", yref: "paper", x0: at, x1: at, y0: 0, y1: 1,
           line: { dash: "dash", color: "#999", width: 1 } }] : [];
-        Plotly.react(div, bayesBand(sl, hpo.COLORS[0]), hpo.layout({ height: 300, shapes: shapes, showlegend: false,
+        hpo.plot(div, bayesBand(sl, hpo.COLORS[0]), hpo.layout({ height: 300, shapes: shapes, showlegend: false,
           margin: { l: 64, r: 12, t: 12, b: 48 }, xaxis: { title: { text: sl.name }, type: sl.scale === "log" ? "log" : "linear" },
           yaxis: { title: { text: "predicted " + metric } } }), hpo.config("bayesian-" + sl.name));
       });

@@ -165,9 +165,21 @@ def test_api_docs_and_plotly_are_served_locally(client: httpx.Client) -> None:
     docs = client.get("/docs").text
     assert "/static/vendor/swagger-ui-bundle.js" in docs and "cdn" not in docs.lower()
     assert "/static/vendor/redoc.standalone.js" in client.get("/redoc").text
-    for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "plotly.min.js"):
+    for asset in (
+        "swagger-ui-bundle.js",
+        "swagger-ui.css",
+        "redoc.standalone.js",
+        "plotly.min.js",
+        "plotly-cartesian.min.js",
+    ):
         reply = client.get(f"/static/vendor/{asset}")
         assert reply.status_code == 200 and len(reply.content) > 100_000, asset
+    # the study page starts with the cartesian bundle, a plotly.js build a third of the full one's size
+    cartesian = client.get("/static/vendor/plotly-cartesian.min.js").content
+    assert (
+        b"plotly.js (cartesian" in cartesian[:200]
+        and len(cartesian) < len(client.get("/static/vendor/plotly.min.js").content) / 2
+    )
     assert client.get("/static/vendor/../app.py").status_code == 404
 
 
