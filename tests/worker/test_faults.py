@@ -76,9 +76,11 @@ def fake_twins() -> tuple[dict[str, Any], str, int, int]:
 
 
 def real_twins() -> tuple[dict[str, Any], str, int, int]:
-    """The real trainer, with dropout so that the resumed run must restore every RNG state."""
+    """The real trainer, with dropout so that the resumed run must restore every RNG state. Long
+    enough (5,000 steps, several seconds even on a fast quiet machine) that a stop sent once the
+    run is seen mid-run arrives before it ends: at 1,500 steps a quiet machine finished first."""
     spec = twin_study(
-        {"workload": "synthetic_mlp", "max_train_steps": 1500, "eval_every_steps": 100, "keep_best_checkpoints": 2},
+        {"workload": "synthetic_mlp", "max_train_steps": 5000, "eval_every_steps": 100, "keep_best_checkpoints": 2},
         {"learning_rate": 0.003},
         [
             {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 1e-4, "max": 1e-1, "scale": "log"},
@@ -86,7 +88,7 @@ def real_twins() -> tuple[dict[str, Any], str, int, int]:
             {"name": "dropout", "role": "fixed", "value": 0.1},
         ],
     )
-    return spec, "hpo.trainer:train", 1500, 100
+    return spec, "hpo.trainer:train", 5000, 100
 
 
 def start_worker(url: str, ray_address: str, settings: Settings, trainer: str) -> subprocess.Popen[bytes]:
