@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,26 @@ def fast_settings(database_url: str, tmp_path: Path) -> Settings:
         lease_seconds=4,
         execution_policy=TESTS_ALLOWED,
     )
+
+
+def fault_settings(tmp_path: Path, policy: ExecutionPolicy) -> Settings:
+    """An embedded SQLite server's settings with a 3 s lease, so lost leases are noticed quickly."""
+    return Settings(
+        database_url=f"sqlite:///{tmp_path / 'hpo.db'}",
+        artifact_root=tmp_path / "artifacts",
+        lease_seconds=3,
+        execution_policy=policy,
+    )
+
+
+@contextmanager
+def fault_server(tmp_path: Path, policy: ExecutionPolicy) -> Iterator[tuple[Any, httpx.Client, Settings]]:
+    """A live server on `fault_settings`, with a client: (server, client, settings)."""
+    from tests.conftest import LiveServer
+
+    settings = fault_settings(tmp_path, policy)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as http:
+        yield live, http, settings
 
 
 def worker_spec(name: str = "worker-test", **overrides: Any) -> dict[str, Any]:

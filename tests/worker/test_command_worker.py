@@ -23,7 +23,17 @@ from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
 from hpo.worker.loop import Worker, WorkerOptions
 from tests.conftest import LiveServer
-from tests.worker.conftest import API, REPO, create_study, metric_steps, study_done, trials, wait_until
+from tests.worker.conftest import (
+    API,
+    REPO,
+    create_study,
+    fault_server,
+    fault_settings,
+    metric_steps,
+    study_done,
+    trials,
+    wait_until,
+)
 from tests.worker.test_faults import assert_same_as_twin, first_step_of, mid_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -37,14 +47,8 @@ SERVER_ALLOWS = ExecutionPolicy(command_prefixes=((sys.executable,),))
 
 @pytest.fixture
 def server(ray_address: str, tmp_path: Path) -> Iterator[tuple[LiveServer, httpx.Client, Settings]]:
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'hpo.db'}",
-        artifact_root=tmp_path / "artifacts",
-        lease_seconds=3,
-        execution_policy=SERVER_ALLOWS,
-    )
-    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as http:
-        yield live, http, settings
+    with fault_server(tmp_path, SERVER_ALLOWS) as running:
+        yield running
 
 
 def command_study(params: dict[str, Any], copies: int = 1, steps: int = 60, **overrides: Any) -> dict[str, Any]:
@@ -187,12 +191,7 @@ def test_a_lost_lease_sends_sigterm_then_sigkill_and_the_trial_resumes(ray_addre
     from hpo.server.leases import reap_expired
     from hpo.worker.demo import EmbeddedServer
 
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'hpo.db'}",
-        artifact_root=tmp_path / "artifacts",
-        lease_seconds=3,
-        execution_policy=SERVER_ALLOWS,
-    )
+    settings = fault_settings(tmp_path, SERVER_ALLOWS)
     servers = [EmbeddedServer(settings, 0).__enter__()]
     http = httpx.Client(base_url=servers[0].url, timeout=30)
     study = create_study(http, command_study({"mode": "stubborn", "step_seconds": 0.05}, steps=200))

@@ -27,6 +27,7 @@ from tests.worker.conftest import (
     REPO,
     TESTS_ALLOWED,
     create_study,
+    fault_server,
     metric_steps,
     study_done,
     trials,
@@ -41,14 +42,8 @@ COMPARED = ("train/loss", "valid/error_rate", "valid/loss", "train/grad_norm", "
 
 @pytest.fixture
 def server(ray_address: str, tmp_path: Path) -> Iterator[tuple[LiveServer, httpx.Client, Settings]]:
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'hpo.db'}",
-        artifact_root=tmp_path / "artifacts",
-        lease_seconds=3,
-        execution_policy=TESTS_ALLOWED,
-    )
-    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as http:
-        yield live, http, settings
+    with fault_server(tmp_path, TESTS_ALLOWED) as running:
+        yield running
 
 
 def twin_study(trainer: dict[str, Any], params: dict[str, Any], hyperparameters: list[dict[str, Any]]) -> dict:
