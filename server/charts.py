@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from .analysis import memo, queries
 from .analysis.arms import arm_summaries
+from .analysis.divergence import load_trials
 from .analysis.model import TrialSummary, arm_label, fmt
 from .analysis.plotdata import plot_data
 from .analysis.service import horizon_of, json_safe
@@ -99,11 +100,11 @@ def _plain(value: Any) -> Any:
 
 
 def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:
-    """`queries.trial_summaries`, shared by the charts of one study version (never reused while a
-    trial runs: a running trial's summary follows its newest points)."""
-    return list(
-        memo.in_session(session, study_id, "summaries", lambda: queries.trial_summaries(session, study_id), live=False)
-    )
+    """The analysis' own trial summaries (`divergence.load_trials`): the same trials judged
+    diverged (drawn as infeasible) and the same best trials as the analysis and the PNG plots,
+    shared by the charts of one study version (kept in `memo`)."""
+    trials, _ = load_trials(session, queries.study_info(session, study_id))
+    return trials
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -715,5 +716,5 @@ def best_per_arm(db: Database, study_id: int) -> dict[str, Any]:
     """For the compare page: a study's best trial per arm (arm summaries of the analysis)."""
     with db.transaction() as session:
         study = queries.study_info(session, study_id)
-        arms = arm_summaries(queries.trial_summaries(session, study_id), _sign(study))
+        arms = arm_summaries(trial_summaries(session, study_id), _sign(study))
     return json_safe({"id": study.id, "name": study.name, "metric": study.metric, "mode": study.mode, "arms": arms})

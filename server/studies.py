@@ -297,17 +297,12 @@ def _public(session: Session, study: Study) -> StudyPublic:
 
 
 def _best_trial(session: Session, study: Study) -> tuple[int, float] | None:
-    # Replicas never become the study's best: they rerun an already-selected trial with new seeds,
-    # so the luckiest of them is the winner's curse twice over (analysis/arms.py).
-    order = Trial.objective_value.asc() if study.objective_mode == "min" else Trial.objective_value.desc()
-    row = session.execute(
-        select(Trial.id, Trial.objective_value)
-        .where(Trial.study_id == study.id, Trial.objective_value.is_not(None), Trial.replica_of.is_(None))
-        .where(Trial.status.in_([TrialStatus.completed, TrialStatus.running]))
-        .order_by(order, Trial.id)
-        .limit(1)
-    ).first()
-    return (row[0], row[1]) if row and row[1] is not None else None
+    # The analysis decides (analysis.divergence.study_best): replicas never, diverged trials and
+    # lone outlier evaluations never, so the page, the CSV and the analysis name the same trial.
+    from .analysis.divergence import study_best
+
+    best = study_best(session, study.id)
+    return (best.id, float(best.objective)) if best is not None and best.objective is not None else None
 
 
 def _effective_status(study: Study, counts: TrialCounts) -> Any:

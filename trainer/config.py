@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .divergence import DEFAULT_FACTOR, DEFAULT_PATIENCE
+from .divergence import DEFAULT_FACTOR, DEFAULT_MARGIN, DEFAULT_PATIENCE
 from .errors import ConfigError
 from .schedules import SCHEDULES
 
@@ -86,6 +86,11 @@ class TrainerSettings:
     # Divergence by sustained, uncharacteristically high training loss (trainer/divergence.py).
     divergence_factor: float | None = DEFAULT_FACTOR
     divergence_patience: int = DEFAULT_PATIENCE
+    # "No better than chance / than the initial loss" margin of the analysis' divergence rule.
+    divergence_margin: float = DEFAULT_MARGIN
+    # "epochs": the script's budget is per epoch, so trials end at different steps by design (the
+    # analysis then does not flag trials that stop before max_train_steps); "steps" otherwise.
+    budget_unit: str = "steps"
     precision: str = "fp32"
     grad_accumulation_steps: int = 1
     # DataLoader worker processes per rank, for workloads whose datasets are `ExampleDataset`s (trainer/batches.py).
@@ -235,6 +240,10 @@ def parse_trainer(raw: Mapping[str, Any]) -> TrainerSettings:
         divergence_patience=_integer(
             "trainer.divergence_patience", raw.get("divergence_patience", d.divergence_patience), minimum=1
         ),
+        divergence_margin=_real(
+            "trainer.divergence_margin", raw.get("divergence_margin", d.divergence_margin), above=0.0
+        ),
+        budget_unit=_choice("trainer.budget_unit", raw.get("budget_unit", d.budget_unit), ("steps", "epochs")),
         precision=_choice("trainer.precision", raw.get("precision", d.precision), PRECISIONS),
         grad_accumulation_steps=_integer(
             "trainer.grad_accumulation_steps", raw.get("grad_accumulation_steps", 1), minimum=1

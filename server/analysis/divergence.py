@@ -1,126 +1,212 @@
-"""Completed trials that diverged with finite values, judged from their stored curves.
+"""Which completed trials diverged, judged from their stored curves by the one definition the
+trainer uses too (`hpo.trainer.divergence.judge`; its doc lists the rules and their playbook
+sections), and which trial is each arm's best once lone glitched evaluations are set aside.
 
 Playbook (002), "Identifying unstable workloads", Figure 7a: an infeasible trial "either produces
-NaNs or uncharacteristically high values of the loss". The trainer ends such runs itself
-(hpo.trainer.divergence); this module applies the same rule to the curves a study stored, so trials
-run by other trainers (user scripts, older runs) are judged alike:
+NaNs or uncharacteristically high values of the loss". The trainer ends such runs itself; this
+module applies the same function to the curves a study stored, so trials run by other trainers
+(user scripts, older runs) are judged alike. Every consumer (the analysis, every chart and plot,
+the CSV, replicas) reads the trials through `load_trials`, so they all mark the same trials
+infeasible and name the same best trial.
 
-- diverged: its `train/loss` stays above `factor` times its initial loss (the value at the study's
-  first logged step) from some point of the last quarter of max_train_steps to the end, for at
-  least 3 points and a tenth of that quarter's points (the trainer's rule, with "a sustained
-  stretch" read as "to the end of training"; a trainer's running minimum is never above its
-  initial value, so the initial value sets the threshold). The per-trial aggregates pick the
-  candidates in the database (their late maximum is that high); only the candidates' late points
-  are read;
-- no better than chance: where chance is known, the trial's best objective is no better than
-  chance (within `CHANCE_MARGIN` of it). Chance is known when the trainer reports per-class counts
-  (`valid/correct/class_K`, as hpo's classification workloads do): error rate 1 - 1/K, accuracy
-  1/K, cross-entropy ln K.
-
-Such trials count as infeasible everywhere: the infeasible fraction and its warning, the
-instability hint, red crosses on the axis plots, and they leave the best-of-k bootstrap."""
+Cost: the per-trial curve statistics (queries.curve_stats, one hash aggregate, kept between calls)
+pick the *candidates*: a trial can only be judged diverged when a statistic allows it (a
+non-finite point, a maximum above `factor` times the initial value, a late part no lower than the
+margin below the initial loss or chance, too few late points to say). Only the candidates' curves
+are read and judged; every other trial is feasible by construction. Judged trials count as
+infeasible everywhere: the infeasible fraction and its warning, the instability hint, red crosses
+on the axis plots and charts, and they leave the best-of-k bootstrap."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
 from sqlalchemy.orm import Session
 
-from hpo.trainer.divergence import DEFAULT_FACTOR
+from hpo.trainer.divergence import TRAIN_LOSS, Rule, Series, chance_of, is_loss, judge
 
 from . import memo, queries
-from .model import Curve, TrialSummary, fmt
+from .model import Curve, TrialSummary
+from .outliers import robust_best
 
-TRAIN_LOSS = "train/loss"
-# "No better than chance": the best value is within this share of chance's own value from it.
-CHANCE_MARGIN = 0.02
+# The best few feasible trials of each arm are checked for a lone outlier at their best step.
+BEST_FEW = 3
 
 
 def chance_level(metric: str, classes: int | None) -> float | None:
     """The objective of an uninformed classifier over `classes` classes, where the metric's name
     says what it measures; None otherwise."""
-    if not classes or classes < 2:
-        return None
-    leaf = metric.rsplit("/", 1)[-1]
-    if leaf == "error_rate":
-        return 1.0 - 1.0 / classes
-    if leaf == "accuracy":
-        return 1.0 / classes
-    if leaf == "loss":
-        return math.log(classes)
-    return None
+    found = chance_of(metric, classes)
+    return None if found is None else found[0]
+
+
+def curve_names(metric: str) -> list[str]:
+    """The curves the rule reads: the objective, the training loss and the validation loss (the
+    objective's prefix with `loss`: `valid/loss` for `valid/error_rate`)."""
+    prefix = metric.rsplit("/", 1)[0] + "/" if "/" in metric else ""
+    return sorted({metric, TRAIN_LOSS, prefix + "loss"})
+
+
+def rule_of(study: queries.StudyInfo) -> Rule:
+    """The thresholds the study's trainer settings ask for (the trainer reads the same ones)."""
+    return Rule.of(dict(study.spec.get("trainer") or {}))
 
 
 def load_trials(
-    session: Session, study: queries.StudyInfo, horizon: float | None = None, *, factor: float = DEFAULT_FACTOR
+    session: Session, study: queries.StudyInfo, horizon: float | None = None
 ) -> tuple[list[TrialSummary], dict[str, queries.CurveStats]]:
     """The study's trial summaries with diverged completed trials marked (`diverged` holds the
-    reason), and the per-trial curve statistics of the objective and the training loss (`horizon`
-    is max_train_steps; looked up when not given). Kept per study version (`memo`): every chart
-    and the analysis start from it, and it reads every curve of the study."""
+    reason), lone outlier evaluations set aside from the best few of each arm (`outlier`, and
+    `objective`/`best_step` moved to the best genuine evaluation), each trial's `last_step`, and
+    the per-trial curve statistics of the objective and the losses (`horizon` is max_train_steps;
+    looked up when not given). Kept per study version (`memo`): every chart and the analysis start
+    from it."""
     if horizon is None:
         horizon = queries.horizon(session, study)
+    rule = rule_of(study)
     trials, stats = memo.in_session(
         session,
         study.id,
-        ("load_trials", horizon, factor),
-        lambda: _load_trials(session, study, horizon, factor),
+        ("load_trials", horizon, rule),
+        lambda: _load_trials(session, study, horizon, rule),
         live=False,  # a running trial's best value follows its newest points
     )
     return list(trials), stats
 
 
 def _load_trials(
-    session: Session, study: queries.StudyInfo, horizon: float | None, factor: float
+    session: Session, study: queries.StudyInfo, horizon: float | None, rule: Rule
 ) -> tuple[list[TrialSummary], dict[str, queries.CurveStats]]:
     trials = queries.trial_summaries(session, study.id)
-    names = sorted({study.metric, TRAIN_LOSS})
+    names = curve_names(study.metric)
     stats = queries.curve_stats(session, study.id, names, horizon, TRAIN_LOSS)
     prefix = study.metric.rsplit("/", 1)[0] + "/" if "/" in study.metric else ""
-    chance = chance_level(study.metric, queries.class_count(session, study.id, prefix))
-    train = stats.get(TRAIN_LOSS)
-    late: dict[int, Curve] = {}
-    if train is not None and len(train.trial_ids):
-        with np.errstate(invalid="ignore"):
-            candidates = train.trial_ids[(train.first > 0) & (train.late_max > factor * train.first)]
-        late = queries.late_points(session, [int(i) for i in candidates], TRAIN_LOSS, queries.late_cut(horizon))
-    reasons = judge(trials, train, late, study.mode, chance, factor)
-    return [replace(t, diverged=reasons[t.id]) if t.id in reasons else t for t in trials], stats
+    chance = chance_of(study.metric, queries.class_count(session, study.id, prefix))
+    cut = queries.late_cut(horizon)
+    judged = [t for t in trials if _judged(t)]
+    ids = candidates(stats, [t.id for t in judged], study.mode, chance, rule)
+    curves = queries.curves_of(session, sorted(ids), names) if ids else {}
+    reasons = {
+        tid: reason
+        for tid in ids
+        if (reason := diverged(curves.get(tid, {}), study.metric, study.mode, chance, cut, rule)) is not None
+    }
+    last = _last_steps(stats)
+    marked = [replace(t, diverged=reasons.get(t.id), last_step=last.get(t.id)) for t in trials]
+    return set_outliers_aside(session, marked, study.metric, study.mode), stats
 
 
-def judge(
-    trials: Sequence[TrialSummary],
-    train: queries.CurveStats | None,
-    late: Mapping[int, Curve],
+def _judged(t: TrialSummary) -> bool:
+    """Completed with a finite objective: the trials whose feasibility the curves decide (a
+    trial without a finite objective is infeasible already)."""
+    return t.status == "completed" and t.objective is not None and math.isfinite(t.objective)
+
+
+def diverged(
+    curves: Mapping[str, Curve],
+    metric: str,
     mode: str,
-    chance: float | None,
-    factor: float = DEFAULT_FACTOR,
-) -> dict[int, str]:
-    """`{trial_id: reason}` for the completed trials judged diverged: `late` holds the late
-    training-loss points of the candidates (see the module doc)."""
-    out: dict[int, str] = {}
-    if train is not None and len(train.trial_ids):
-        first = dict(zip(train.trial_ids.tolist(), train.first.tolist(), strict=True))
-        for trial_id, curve in late.items():
-            initial = first.get(trial_id, math.nan)
-            values = curve.values
-            high = np.nan_to_num(values, nan=np.inf) > factor * initial
-            # the length of the run of high values that reaches the end of training
-            run = len(high) - int(np.nonzero(~high)[0][-1]) - 1 if (~high).any() else len(high)
-            if initial > 0 and run >= max(3, math.ceil(0.1 * len(values))):
-                since = int(curve.steps[len(high) - run])
-                out[trial_id] = (
-                    f"training loss diverged: above {factor:g}x its initial value {fmt(initial)} from step {since} to "
-                    f"the end (last {fmt(float(values[-1]))})"
-                )
-    if chance is not None:
-        sign = 1.0 if mode == "min" else -1.0
-        margin = CHANCE_MARGIN * abs(chance)
-        for t in trials:
-            usable = t.status == "completed" and t.objective is not None and t.id not in out
-            if usable and sign * t.objective >= sign * chance - margin:  # type: ignore[operator]
-                out[t.id] = f"no better than chance: best value {fmt(t.objective)}, chance {fmt(chance)}"
+    chance: tuple[float, float] | None,
+    cut: float,
+    rule: Rule,
+) -> str | None:
+    """`hpo.trainer.divergence.judge` on one trial's stored curves."""
+    series = {name: Series(c.steps, c.values) for name, c in curves.items()}
+    return judge(series, metric, mode, chance=chance, late_from=cut, rule=rule)
+
+
+def candidates(
+    stats: Mapping[str, queries.CurveStats],
+    trial_ids: Iterable[int],
+    mode: str,
+    chance: tuple[float, float] | None,
+    rule: Rule,
+) -> set[int]:
+    """The trials among `trial_ids` whose statistics allow the rule to judge them diverged (a
+    superset of those it does; see the module doc), vectorized over every trial."""
+    wanted = set(trial_ids)
+    out: set[int] = set()
+    has_train = set(stats[TRAIN_LOSS].trial_ids.tolist()) if TRAIN_LOSS in stats else set()
+    for name, s in stats.items():
+        if not len(s.trial_ids):
+            continue
+        with np.errstate(invalid="ignore"):
+            flag = ~np.isfinite(s.maximum)  # a non-finite point somewhere (NaN is stored as +inf here)
+            few = s.late_n < 3
+            if is_loss(name):
+                unknown = ~np.isfinite(s.first)
+                if rule.factor is not None:
+                    flag |= unknown | (s.maximum > rule.factor * s.first)
+                own = np.array([name == TRAIN_LOSS or int(t) not in has_train for t in s.trial_ids], dtype=bool)
+                flag |= own & (unknown | few | (s.late_max >= (1.0 - rule.margin) * s.first))
+            elif chance is not None:
+                level, perfect = chance
+                margin = rule.margin * abs(perfect - level)
+                worst = s.late_max >= level - margin if mode == "min" else s.late_min <= level + margin
+                flag |= few | worst
+        out.update(int(t) for t in s.trial_ids[flag] if int(t) in wanted)
     return out
+
+
+def _last_steps(stats: Mapping[str, queries.CurveStats]) -> dict[int, int]:
+    """Each trial's last step with a finite value, over the curves the rule reads."""
+    out: dict[int, int] = {}
+    for s in stats.values():
+        for tid, step in zip(s.trial_ids.tolist(), s.last_step.tolist(), strict=True):
+            if math.isfinite(step):
+                out[tid] = max(out.get(tid, 0), int(step))
+    return out
+
+
+def set_outliers_aside(
+    session: Session, trials: Sequence[TrialSummary], metric: str, mode: str, few: int = BEST_FEW
+) -> list[TrialSummary]:
+    """The trials with a lone outlier evaluation at the best step of any of each arm's best `few`
+    feasible trials set aside (`outliers.robust_best`): such a trial's objective becomes its best
+    genuine evaluation, and the best few are looked at again until none has one (a glitched 0.0
+    must not become the study's best). Replicas are judged too: their values are trial variance."""
+    sign = 1.0 if mode == "min" else -1.0
+    by_id = {t.id: t for t in trials}
+    seen: set[int] = set()
+    for _ in range(4):  # each round reads a few curves; a study with glitches in every best trial stops here
+        fresh = [tid for tid in _best_few(by_id.values(), sign, few) if tid not in seen]
+        if not fresh:
+            break
+        seen.update(fresh)
+        curves = queries.curves_of(session, fresh, [metric])
+        for tid in fresh:
+            curve = curves.get(tid, {}).get(metric)
+            found = robust_best(curve, sign) if curve is not None else None
+            if found is not None:
+                by_id[tid] = replace(by_id[tid], objective=found.value, best_step=found.step, outlier=found.reason)
+    return [by_id[t.id] for t in trials]
+
+
+def _best_few(trials: Iterable[TrialSummary], sign: float, few: int) -> list[int]:
+    groups: dict[tuple[str, int | None], list[TrialSummary]] = {}
+    for t in trials:
+        if t.feasible:
+            groups.setdefault((t.arm_key, t.replica_of), []).append(t)
+    out: list[int] = []
+    for group in groups.values():
+        group.sort(key=lambda t: (sign * float(t.objective or 0.0), t.number))
+        out.extend(t.id for t in group[:few])
+    return out
+
+
+def study_best(session: Session, study_id: int) -> TrialSummary | None:
+    """The study's best trial as the analysis decides it (DESIGN.md, "One best"): the best
+    original trial that is feasible (not judged diverged, its lone outlier evaluations set aside),
+    or still running; replicas never. `GET /studies/{id}` and `studies.csv` read this."""
+    study = queries.study_info(session, study_id)
+    sign = 1.0 if study.mode == "min" else -1.0
+    trials, _ = load_trials(session, study)
+    usable = [
+        t
+        for t in trials
+        if t.replica_of is None and (t.feasible or (t.status == "running" and t.objective is not None))
+    ]
+    return min(usable, key=lambda t: (sign * float(t.objective or 0.0), t.id), default=None)

@@ -29,6 +29,11 @@ class TrialSummary:
     error: str | None = None
     # Why a completed trial with finite values is judged infeasible (divergence.py), else None.
     diverged: str | None = None
+    # Why its best evaluation was set aside as a lone outlier (outliers.py; `objective` is then its
+    # best genuine evaluation), else None.
+    outlier: str | None = None
+    # Its last step with a finite value of the objective or a loss (None before curve statistics).
+    last_step: int | None = None
 
     @cached_property
     def feasible(self) -> bool:

@@ -211,40 +211,51 @@ def grad_norm_stats(
     return out
 
 
-# Per completed trial and metric (the objective and the training loss), in one hash aggregate over
-# the study's late points (steps from `cut`, the last quarter of the horizon) and its first point
-# (no sort: window functions such as lag or row_number need every point sorted, which cost ten
-# times more on Postgres): the value at the metric's first step, and over the late points their
-# count, minimum, maximum and the sums of a least-squares line through them (end level, slope,
-# residual noise). Only these aggregates leave the database, never the points.
-_CURVE_STATS = """
-SELECT m.trial_id, m.name, count(*) AS n, min(m.value) AS vmin, max(m.value) AS vmax,
+# Per completed trial and metric (the objective and the losses), in one hash aggregate over the
+# study's points (no sort: window functions such as lag or row_number need every point sorted, which
+# cost ten times more on Postgres): over the whole run the count, the extremes (`vmax` +Infinity when
+# any point is not finite: the divergence rule's "NaN at any step"), the last finite step and the
+# value at the metric's first step; over the late points (steps from `cut`, the last quarter of the
+# horizon) their count, extremes and the sums of a least-squares line through them (end level,
+# slope, residual noise). Only these aggregates leave the database, never the points. A stored
+# non-finite value is NULL, which every aggregate but `n` and `vmax` skips.
+_LATE = "m.step >= :cut AND m.value IS NOT NULL"
+_CURVE_STATS = f"""
+SELECT m.trial_id, m.name, count(*) AS n, min(m.value) AS vmin,
+       max(CASE WHEN m.nonfinite = 0 THEN m.value ELSE :inf END) AS vmax,
        avg(CASE WHEN m.step = (CASE WHEN m.name = :first_name THEN :first_step ELSE :first_obj END) THEN m.value END)
            AS v0,
-       count(CASE WHEN m.step >= :cut THEN 1 END) AS late_n,
-       min(CASE WHEN m.step >= :cut THEN m.value END) AS late_min,
-       max(CASE WHEN m.step >= :cut THEN m.value END) AS late_max,
-       sum(CASE WHEN m.step >= :cut THEN CAST(m.step - :cut AS DOUBLE PRECISION) END) AS sx,
-       sum(CASE WHEN m.step >= :cut THEN m.value END) AS sy,
-       sum(CASE WHEN m.step >= :cut THEN CAST(m.step - :cut AS DOUBLE PRECISION) * (m.step - :cut) END) AS sxx,
-       sum(CASE WHEN m.step >= :cut THEN (m.step - :cut) * m.value END) AS sxy,
-       sum(CASE WHEN m.step >= :cut THEN m.value * m.value END) AS syy,
-       max(m.step) AS s1
+       count(CASE WHEN {_LATE} THEN 1 END) AS late_n,
+       min(CASE WHEN {_LATE} THEN m.value END) AS late_min,
+       max(CASE WHEN {_LATE} THEN m.value END) AS late_max,
+       sum(CASE WHEN {_LATE} THEN CAST(m.step - :cut AS DOUBLE PRECISION) END) AS sx,
+       sum(CASE WHEN {_LATE} THEN m.value END) AS sy,
+       sum(CASE WHEN {_LATE} THEN CAST(m.step - :cut AS DOUBLE PRECISION) * (m.step - :cut) END) AS sxx,
+       sum(CASE WHEN {_LATE} THEN (m.step - :cut) * m.value END) AS sxy,
+       sum(CASE WHEN {_LATE} THEN m.value * m.value END) AS syy,
+       max(CASE WHEN m.value IS NOT NULL THEN m.step END) AS s1
 FROM metric_points m
-WHERE m.trial_id IN :ids AND m.name IN :names AND m.nonfinite = 0
-  AND (m.step >= :cut OR m.step = :first_step OR m.step = :first_obj)
+WHERE m.trial_id IN :ids AND m.name IN :names
 GROUP BY m.trial_id, m.name
 """
 # The aggregates `curve_stats` reads, in the order of the numpy columns below.
 _STAT_FIELDS = ("n", "v0", "vmin", "vmax", "late_n", "late_min", "sx", "sy", "sxx", "sxy", "syy", "s1", "late_max")
 
 
+# Rows of this aggregate (whole-run extremes and count) keep their cut as -(cut + 1): the rows kept
+# by the first release of curve_stats (first and late points only) never match it, so those trials
+# are aggregated again instead of being read with a different meaning. A version column would say
+# this plainly; it needs a migration.
+def _stored_cut(cut: int) -> int:
+    return -(cut + 1)
+
+
 @dataclass(frozen=True)
 class CurveStats:
     """Per-trial aggregates of one metric's curve, as arrays aligned on `trial_ids`: `first` the
     value at the study's first step of the metric (NaN where unknown), `minimum` and `maximum` over
-    that first point and the late points, `n` the number of points (estimated from the late ones:
-    the late quarter holds a quarter of them), `end` the late line's value at the trial's last
+    the whole run (`maximum` infinite when any point is not finite), `n` the number of points,
+    `last_step` the last step with a finite value, `end` the late line's value at the trial's last
     step, `late_noise` the standard deviation of the late points around that line, `late_change`
     the line's change across the late part, `late_min`/`late_max` their extremes."""
 
@@ -259,6 +270,7 @@ class CurveStats:
     late_max: np.ndarray
     late_noise: np.ndarray
     late_change: np.ndarray
+    last_step: np.ndarray
 
     @cached_property
     def _index(self) -> dict[int, int]:
@@ -298,6 +310,8 @@ def curve_stats(
     cut = late_cut(horizon)
     params = {
         "cut": cut,
+        "stored_cut": _stored_cut(cut),
+        "inf": float("inf"),
         "first_name": first_of,
         "first_step": -1 if first_step is None else int(first_step),
         "first_obj": -1 if other is None else int(other),
@@ -317,7 +331,7 @@ def curve_stats(
         late = cols[:, 4] > 0
         out[name] = CurveStats(
             trial_ids=ids,
-            n=np.nan_to_num(cols[:, 4]) * cols[:, 11] / np.maximum(width, 1.0),
+            n=np.nan_to_num(cols[:, 0]),
             first=cols[:, 1],
             minimum=cols[:, 2],
             maximum=cols[:, 3],
@@ -327,6 +341,7 @@ def curve_stats(
             late_max=cols[:, 12],
             late_noise=np.sqrt(resid),
             late_change=slope * width,
+            last_step=cols[:, 11],
         )
     return out
 
@@ -335,7 +350,7 @@ _KEPT_STATS = """
 SELECT c.trial_id, c.name, {fields}
 FROM curve_stats c JOIN trials t ON t.id = c.trial_id
 WHERE t.study_id = :study_id AND t.status = 'completed' AND c.attempt = t.attempt AND c.name IN :names
-  AND c.cut = :cut AND c.first_step = :first_step AND c.first_obj = :first_obj
+  AND c.cut = :stored_cut AND c.first_step = :first_step AND c.first_obj = :first_obj
 """
 
 
@@ -357,14 +372,14 @@ def _kept_or_computed(
         ).all()
     )
     missing = sorted(t for t in attempts if have.get(t, 0) < len(names))
-    rows = [tuple(r) for r in kept if r.n]
+    rows = [tuple(r) for r in kept if r.n]  # n counts non-finite points too: 0 means no points at all
     if not missing:
         return rows
     statement = text(_CURVE_STATS).bindparams(bindparam("ids", expanding=True), bindparam("names", expanding=True))
     fresh: dict[tuple[int, str], dict[str, Any]] = {}
     for start in range(0, len(missing), 1000):  # bounded IN lists
         chunk = missing[start : start + 1000]
-        for r in session.execute(statement, {"ids": chunk, "names": names, **params}):
+        for r in session.execute(statement, {"ids": chunk, "names": names, **_aggregate_params(params)}):
             fresh[(r.trial_id, r.name)] = {f: getattr(r, f) for f in _STAT_FIELDS}
     rows += [(t, name, *(v[f] for f in _STAT_FIELDS)) for (t, name), v in fresh.items()]
     _keep(session, missing, names, attempts, params, fresh)
@@ -387,7 +402,7 @@ def _keep(
             "trial_id": t,
             "name": name,
             "attempt": attempts[t],
-            "cut": params["cut"],
+            "cut": params["stored_cut"],
             "first_step": params["first_step"],
             "first_obj": params["first_obj"],
             **fresh.get((t, name), empty),
@@ -410,6 +425,11 @@ def _keep(
                 session.execute(statement, values[start : start + 2000])
     except SQLAlchemyError:
         _log.warning("could not keep the curve statistics of %d trials", len(trial_ids), exc_info=True)
+
+
+def _aggregate_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters `_CURVE_STATS` names (the kept rows' lookup has more)."""
+    return {k: params[k] for k in ("cut", "inf", "first_name", "first_step", "first_obj")}
 
 
 def late_cut(horizon: float | None) -> int:

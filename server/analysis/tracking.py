@@ -1,6 +1,7 @@
 """The tracking sheet (pipeline guidance, "Setting up experiment tracking"): one row per study with
 its name, a link to its config, a short description, the number of trials run, the validation
-performance of the best checkpoint and a reproduction command. One SQL statement for all studies."""
+performance of the best checkpoint and a reproduction command. The best trial is the analysis' own
+(`divergence.study_best`: never a replica, a diverged trial or a lone outlier evaluation)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 from sqlalchemy import text
 
 from ..db import Database
+from .divergence import study_best
+from .model import TrialSummary
 
 COLUMNS = (
     "study",
@@ -27,23 +30,10 @@ COLUMNS = (
 
 _ROWS = """
 SELECT s.id, s.name, s.description, s.objective_metric AS metric, s.objective_mode AS mode,
-       sum(CASE WHEN t.status IN ('completed', 'infeasible', 'failed') THEN 1 ELSE 0 END) AS trials_run,
-       min(CASE WHEN t.status = 'completed' AND t.replica_of IS NULL THEN t.objective_value END) AS best_min,
-       max(CASE WHEN t.status = 'completed' AND t.replica_of IS NULL THEN t.objective_value END) AS best_max
+       sum(CASE WHEN t.status IN ('completed', 'infeasible', 'failed') THEN 1 ELSE 0 END) AS trials_run
 FROM studies s LEFT JOIN trials t ON t.study_id = s.id
 GROUP BY s.id, s.name, s.description, s.objective_metric, s.objective_mode
 ORDER BY s.id
-"""
-
-# Replicas are left out of the best (they rerun a selected trial; see studies._best_trial).
-_BEST_TRIAL = """
-SELECT t.study_id, min(t.id) AS trial_id FROM trials t JOIN studies s ON s.id = t.study_id
-WHERE t.status = 'completed' AND t.replica_of IS NULL AND t.objective_value = (CASE WHEN s.objective_mode = 'min'
-      THEN (SELECT min(objective_value) FROM trials u
-            WHERE u.study_id = s.id AND u.status = 'completed' AND u.replica_of IS NULL)
-      ELSE (SELECT max(objective_value) FROM trials u
-            WHERE u.study_id = s.id AND u.status = 'completed' AND u.replica_of IS NULL) END)
-GROUP BY t.study_id
 """
 
 
@@ -52,8 +42,8 @@ def tracking_rows(db: Database, base_url: str) -> list[dict[str, Any]]:
     slash) makes the config link and the reproduction command absolute."""
     with db.transaction() as session:
         rows = session.execute(text(_ROWS)).all()
-        best_trials = {r.study_id: r.trial_id for r in session.execute(text(_BEST_TRIAL))}
-    return [_row(r, best_trials.get(r.id), base_url) for r in rows]
+        best = {r.id: study_best(session, r.id) for r in rows}
+    return [_row(r, best[r.id], base_url) for r in rows]
 
 
 def tracking_csv(rows: list[dict[str, Any]]) -> str:
@@ -73,8 +63,9 @@ def _inert(value: Any) -> Any:
     return value
 
 
-def _row(r: Any, best_trial_id: int | None, base_url: str) -> dict[str, Any]:
-    best = r.best_min if r.mode == "min" else r.best_max
+def _row(r: Any, best_trial: TrialSummary | None, base_url: str) -> dict[str, Any]:
+    best = None if best_trial is None or best_trial.status != "completed" else best_trial.objective
+    best_trial_id = None if best is None or best_trial is None else best_trial.id
     file = shlex.quote(f"{r.name}.json")
     server = shlex.quote(base_url)
     reproduce = (

@@ -121,3 +121,87 @@ def class_counts(steps: np.ndarray, classes: int = 10) -> dict[str, Curve]:
     """Per-class correct counts, as hpo's classification workloads report them (they tell the
     analysis how many classes there are, so what chance is)."""
     return {f"valid/correct/class_{k}": Curve(steps, np.full(steps.size, 10.0)) for k in range(classes)}
+
+
+# Issue 19's ways a real run goes wrong, each a (validation error, training loss) pair that first
+# learns like `clean` (training loss from 1.6 at step 50 to 0.05), and the false alarms beside them.
+
+
+def nan_late(seed: int) -> tuple[Curve, Curve]:
+    """Learns, then the training loss turns NaN from step 1200; the run still completes."""
+    valid, train = clean(seed)
+    return valid, Curve(TRAIN_STEPS, np.where(TRAIN_STEPS >= 1200, np.nan, train.values))
+
+
+def collapse(seed: int) -> tuple[Curve, Curve]:
+    """Learns to 0.1, then collapses to chance from step 1000: error 0.9, loss back at ln 10 (the
+    initial value of an untrained 10-class network), with no per-class counts reported."""
+    valid, train = clean(seed)
+    rng = np.random.default_rng(seed + 7)
+    v = np.where(EVAL_STEPS >= 1000, 0.9 - 0.01 * rng.random(EVAL_STEPS.size), valid.values)
+    t = np.where(TRAIN_STEPS >= 1000, math.log(10) + 0.01 * rng.normal(size=TRAIN_STEPS.size), train.values)
+    return Curve(EVAL_STEPS, v), Curve(TRAIN_STEPS, np.r_[math.log(10), t[1:]])
+
+
+def slow_climb(seed: int, to: float = 4.0) -> tuple[Curve, Curve]:
+    """Learns until step 600, then the training loss climbs steadily to `to` times its initial value."""
+    valid, train = clean(seed)
+    initial = float(train.values[0])
+    climb = np.clip((TRAIN_STEPS - 600) / 1400, 0, None) * to * initial
+    v = valid.values + 0.4 * np.clip((EVAL_STEPS - 600) / 1400, 0, None)
+    return Curve(EVAL_STEPS, v), Curve(TRAIN_STEPS, train.values + climb)
+
+
+def diverged_dip(seed: int) -> tuple[Curve, Curve]:
+    """Blows up to 50x its initial value from step 800, with a short dip to 0.1 at the last two logs."""
+    valid, train = clean(seed)
+    t = np.where(TRAIN_STEPS >= 800, 50.0 * float(train.values[0]), train.values)
+    t[-2:] = 0.1
+    return Curve(EVAL_STEPS, np.where(EVAL_STEPS >= 800, 0.85, valid.values)), Curve(TRAIN_STEPS, t)
+
+
+def explode_settle(seed: int) -> tuple[Curve, Curve]:
+    """Explodes about 1e6-fold for steps 700-1000, then settles at the initial (chance) value."""
+    valid, train = clean(seed)
+    initial = float(train.values[0])
+    t = np.where((TRAIN_STEPS >= 700) & (TRAIN_STEPS <= 1000), 1e6 * initial, train.values)
+    t = np.where(TRAIN_STEPS > 1000, initial, t)
+    return Curve(EVAL_STEPS, np.where(EVAL_STEPS >= 700, 0.9, valid.values)), Curve(TRAIN_STEPS, t)
+
+
+def spike_recovers(seed: int) -> tuple[Curve, Curve]:
+    """A false alarm: two logs at 100x the initial loss around step 600, then it trains well."""
+    valid, train = clean(seed)
+    t = train.values.copy()
+    t[(TRAIN_STEPS == 600) | (TRAIN_STEPS == 650)] = 100.0 * float(train.values[0])
+    return valid, Curve(TRAIN_STEPS, t)
+
+
+def slow_learner(seed: int) -> tuple[Curve, Curve]:
+    """A false alarm: the training loss only falls to 0.9 x its initial value (it learns, slowly);
+    the error falls from 0.9 to 0.6."""
+    rng = np.random.default_rng(seed)
+    valid = 0.6 + 0.3 * np.exp(-EVAL_STEPS / 400) + 0.003 * rng.normal(size=EVAL_STEPS.size)
+    train = 2.3 * (0.9 + 0.1 * np.exp(-TRAIN_STEPS / 400)) * (1 + 0.003 * rng.normal(size=TRAIN_STEPS.size))
+    return Curve(EVAL_STEPS, valid), Curve(TRAIN_STEPS, train)
+
+
+def accuracy_at_chance(seed: int) -> Curve:
+    """Validation accuracy of a 10-class run at chance: 0.1 with evaluation noise of sd 0.006."""
+    rng = np.random.default_rng(seed)
+    return Curve(EVAL_STEPS, 0.1 + 0.006 * rng.normal(size=EVAL_STEPS.size))
+
+
+def valid_loss_explodes(seed: int) -> Curve:
+    """A validation loss (no training loss logged) that falls from ln 10 to 0.3, then explodes 45x
+    its initial value from step 1000 to the end."""
+    rng = np.random.default_rng(seed)
+    loss = 0.3 + 2.0 * np.exp(-EVAL_STEPS / 200) + 0.01 * rng.normal(size=EVAL_STEPS.size)
+    loss[0] = math.log(10)
+    return Curve(EVAL_STEPS, np.where(EVAL_STEPS >= 1000, 45.0 * math.log(10), loss))
+
+
+def glitched(seed: int, level: float = 0.1, at: int = 700) -> tuple[Curve, Curve]:
+    """Clean curves with one glitched evaluation of 0.0 at step `at`."""
+    valid, train = clean(seed, level)
+    return Curve(EVAL_STEPS, np.where(at == EVAL_STEPS, 0.0, valid.values)), train

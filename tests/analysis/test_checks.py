@@ -126,7 +126,7 @@ def test_max_train_steps_advice() -> None:
 
 def _stats(ids: np.ndarray, **given: np.ndarray) -> CurveStats:
     n = len(ids)
-    fields = ("first", "minimum", "end", "late_n", "late_min", "late_max", "late_noise", "late_change")
+    fields = ("first", "minimum", "end", "late_n", "late_min", "late_max", "late_noise", "late_change", "last_step")
     base = {f: np.zeros(n) for f in fields} | {"maximum": np.ones(n)}
     return CurveStats(trial_ids=ids, n=np.full(n, 20.0), **{**base, **given})
 
