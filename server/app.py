@@ -22,6 +22,7 @@ from .api.html_errors import HtmlErrors
 from .api.middleware import BodyLimit
 from .auth import Authenticator
 from .bayesian.queue import Refiller
+from .config import ServerSettings
 from .db import Database
 
 _log = logging.getLogger("hpo.server")
@@ -35,8 +36,10 @@ def _warm_up(db: Database) -> None:
     chart_data.preload()
 
 
-def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
-    """The application over `settings.database_url`; the schema is upgraded on start."""
+def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettings | None = None) -> FastAPI:
+    """The application over `settings.database_url`; the schema is upgraded on start. `server`
+    defaults to the `HPO_*` environment's (`ServerSettings.from_env`)."""
+    server = server if server is not None else ServerSettings.from_env()
     db = Database(settings.database_url)
     if upgrade:
         db.upgrade()
@@ -60,6 +63,7 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
     app = FastAPI(title="hpo", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.db = db
     app.state.settings = settings
+    app.state.server_settings = server
     app.state.auth = authenticator = Authenticator(db, settings.api_token, settings.session_secret)
     errors.install(app)
     openapi.install(app)
@@ -68,8 +72,8 @@ def create_app(settings: Settings, *, upgrade: bool = True) -> FastAPI:
         app.include_router(module.router)
     # Outermost last: HTML error pages for browsers, the size limit, then credentials, then the
     # hostile-input check of bodies.
-    app.add_middleware(HostileInput)
-    app.add_middleware(Auth, authenticator=authenticator)
+    app.add_middleware(HostileInput, body_seconds=server.body_seconds)
+    app.add_middleware(Auth, authenticator=authenticator, max_unauthenticated=server.max_unauthenticated)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HtmlErrors)
     return app

@@ -8,7 +8,9 @@ import signal
 from hpo.lifetime import die_with_parent
 from hpo.settings import Settings
 
+from . import http_protocol
 from .app import create_app
+from .config import ServerSettings
 
 
 def _die_with_master() -> None:
@@ -20,4 +22,6 @@ def _die_with_master() -> None:
 
 
 _die_with_master()
-app = create_app(Settings.from_env())
+_server = ServerSettings.from_env()
+http_protocol.configure(_server.header_seconds, _server.body_seconds)
+app = create_app(Settings.from_env(), server=_server)

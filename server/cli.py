@@ -42,7 +42,8 @@ def register(subparsers: Any) -> None:
         "--limit-concurrency",
         type=int,
         default=2000,
-        help="connections and tasks at once before answering 503 (default 2000)",
+        help="requests in progress at once, per server process, before answering 503; the health checks are "
+        "always answered (default 2000)",
     )
     parser.set_defaults(handler=_serve)
 
@@ -51,12 +52,19 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from hpo.cli import CliError
+    from hpo.server.config import ServerSettings
     from hpo.settings import Settings, SettingsError
 
     try:
         settings = Settings.from_env()
+        server = ServerSettings.from_env()  # read again by each server process (hpo.server.asgi)
     except SettingsError as exc:
         raise CliError(str(exc)) from None
+    if server.max_unauthenticated >= args.limit_concurrency:
+        raise CliError(
+            f"HPO_MAX_UNAUTHENTICATED ({server.max_unauthenticated}) must be below --limit-concurrency "
+            f"({args.limit_concurrency}), or unauthenticated requests could take every slot"
+        )
     _check_port(args.host, args.port)
     tokens = _upgrade_once(settings)
     if not is_loopback(args.host) and not settings.api_token and tokens == 0 and not args.insecure:
@@ -72,9 +80,10 @@ def _serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_level=args.log_level,
         factory=False,
-        # Idle keep-alive connections close after 5 s; request headers must arrive within 10 s
-        # (hpo.server.http_protocol) and stay under 64 KiB; the body must arrive within 30 s
-        # (hpo.server.api.hostile).
+        # Idle keep-alive connections close after 5 s; request headers must arrive within
+        # HPO_HEADER_SECONDS and stay under 64 KiB, the whole body within HPO_BODY_SECONDS, and
+        # --limit-concurrency counts requests in progress, health checks excepted
+        # (hpo.server.http_protocol, hpo.server.api.hostile).
         timeout_keep_alive=5,
         http="hpo.server.http_protocol:HeaderDeadlineProtocol",
         h11_max_incomplete_event_size=64 * 1024,

@@ -1,48 +1,132 @@
-"""uvicorn's HTTP protocol with a header read deadline: a connection that opens, or starts a new
-request on a kept-alive connection, must finish sending its request line and headers within
-`HEADER_SECONDS`, or it is closed. uvicorn has no such limit of its own (its keep-alive timer only
-runs between requests), so a client trickling headers could hold a connection slot for ever.
-`hpo server` passes this class as uvicorn's `http`."""
+"""uvicorn's HTTP protocol with the deadlines and the admission rule that keep slow clients from
+holding the server (docs/security.md, "Slow clients"). `hpo server` passes this class as uvicorn's
+`http`; uvicorn has none of these of its own.
+
+- Headers: a connection that opens, or starts a new request on a kept-alive connection, must
+  finish its request line and headers within `HEADER_SECONDS`, or it is closed.
+- Body: the whole body must arrive within `BODY_SECONDS` of the headers' end. The app answers
+  408 at that deadline (`hpo.server.api.hostile`); `BODY_GRACE` later the connection is closed
+  whatever the app did. That closes the connections whose request was answered before its body
+  arrived (401, 413, 503) and whose client keeps trickling bytes: uvicorn cancels its keep-alive
+  timer at every byte received, so such a connection would otherwise never be closed.
+- Answered early: a connection whose answer went out before its request body had arrived gets
+  `LINGER_SECONDS` to finish sending it (so a client that sent a whole body still reads the answer
+  rather than a reset), then it is closed.
+- `--limit-concurrency` counts requests in progress, not open connections, and never refuses
+  `GET /healthz` or `/readyz`. Every connection is bounded in time by the deadlines above, but a
+  crowd of them must not make the health checks, or the authenticated calls that the app admits
+  ahead of unauthenticated ones (`hpo.server.api.auth`), answer 503."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from .lograte import Tally
+
 HEADER_SECONDS = 10.0
+BODY_SECONDS = 30.0
+BODY_GRACE = 1.0
+LINGER_SECONDS = 2.0
+HEALTH_PATHS = frozenset({b"/healthz", b"/readyz"})
+_log = logging.getLogger("hpo.server")
+
+
+def configure(header_seconds: float, body_seconds: float) -> None:
+    """Sets the deadlines from the server's settings (uvicorn builds the protocol itself, in each
+    server process, so settings reach it this way; `hpo.server.asgi` calls this)."""
+    global HEADER_SECONDS, BODY_SECONDS
+    HEADER_SECONDS, BODY_SECONDS = header_seconds, body_seconds
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+    _body_complete = True
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._start_header_timer()
+        self._header_timer = self.loop.call_later(HEADER_SECONDS, self._too_slow)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._cancel_body_timer()  # the last request's body is complete: no linger any more
         if self._header_timer is None:
-            self._start_header_timer()
+            self._header_timer = self.loop.call_later(HEADER_SECONDS, self._too_slow)
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
-        super().on_headers_complete()
+        self._body_complete = False
+        self._body_timer = self.loop.call_later(BODY_SECONDS + BODY_GRACE, self._too_slow)
+        # uvicorn's own check counts open connections, which slow clients hold; ours counts
+        # requests in progress and lets the health checks through.
+        limit, app = self.limit_concurrency, self.app
+        if limit is not None and len(self.tasks) >= limit and not self._health_check():
+            self.app = _busy
+        self.limit_concurrency = None
+        try:
+            super().on_headers_complete()
+        finally:
+            self.limit_concurrency, self.app = limit, app
+
+    def on_message_complete(self) -> None:
+        self._body_complete = True
+        self._cancel_body_timer()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self._body_complete and not self.transport.is_closing():
+            self._cancel_body_timer()
+            self._body_timer = self.loop.call_later(LINGER_SECONDS, self._too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._cancel_body_timer()
         super().connection_lost(exc)
 
-    def _start_header_timer(self) -> None:
-        self._header_timer = self.loop.call_later(HEADER_SECONDS, self._headers_too_slow)
+    def _health_check(self) -> bool:
+        if self.parser.get_method() not in (b"GET", b"HEAD"):
+            return False
+        try:
+            return httptools.parse_url(self.url).path in HEALTH_PATHS
+        except httptools.HttpParserInvalidURLError:
+            return False
 
     def _cancel_header_timer(self) -> None:
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
 
-    def _headers_too_slow(self) -> None:
-        self._header_timer = None
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _too_slow(self) -> None:
+        self._header_timer = self._body_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+_refused = Tally(_log, "refused %d requests over --limit-concurrency (requests in progress)")
+
+
+async def _busy(scope: Any, receive: Any, send: Any) -> None:
+    """503 for a request over `--limit-concurrency`: at once, with Retry-After, closing the
+    connection; one log line a second at most, counting the refusals."""
+    _refused.count()
+    body = json.dumps({"detail": "the server is busy (too many requests in progress); retry shortly"}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", b"1"),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -20,6 +20,7 @@ import uvicorn
 from sqlalchemy import create_engine, text
 
 from hpo.server.app import create_app
+from hpo.server.config import ServerSettings
 from hpo.server.db import Database
 from hpo.settings import Settings
 
@@ -119,10 +120,11 @@ def free_port() -> int:
 class LiveServer:
     """The real app under uvicorn in a thread, on a free port."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, server: ServerSettings | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
+        app = create_app(settings, server=server)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

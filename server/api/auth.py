@@ -5,11 +5,18 @@ Until a token exists (and `HPO_API_TOKEN` is unset) every call is open, as on a 
 every call but the health checks and the sign-in page needs a bearer token or a dashboard session:
 401 without credentials (a browser asking for a page is sent to /signin instead), 403 when the
 role may not. Writes authenticated by the session cookie must also echo the page's CSRF token
-(header `X-HPO-CSRF`), on top of the cookie's SameSite=Strict."""
+(header `X-HPO-CSRF`), on top of the cookie's SameSite=Strict.
+
+Unauthenticated requests that the server does serve once tokens exist (the sign-in page and form,
+sign-out, static files) are capped at `max_unauthenticated` in progress per server process; more
+answer 503 at once. So a crowd of anonymous clients, slow ones included, holds a bounded share of
+the server and never the slots authenticated calls need. The health checks pass ahead of
+everything, with no credential and no cap."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 from urllib.parse import quote
@@ -19,11 +26,14 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..auth import Authenticator, Principal
+from ..lograte import Tally
 
 SESSION_COOKIE = "hpo_session"
 CSRF_COOKIE = "hpo_csrf"
 CSRF_HEADER = "x-hpo-csrf"
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/signin", "/signout"})
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+OPEN_PATHS = HEALTH_PATHS | {"/signin", "/signout"}
+_log = logging.getLogger("hpo.server")
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _CLAIM = "/api/v1/workers/claim"
 _LEASED_WRITE = re.compile(r"/api/v1/trials/(\d{1,10})/(heartbeat|metrics|checkpoints|complete|fail)")
@@ -54,20 +64,28 @@ def allows(principal: Principal, method: str, path: str, permission: str) -> boo
 class Auth:
     """Pure ASGI (no request object is built for the common, cached case)."""
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+    def __init__(self, app: ASGIApp, authenticator: Authenticator, max_unauthenticated: int = 32) -> None:
         self.app, self.auth = app, authenticator
+        self.max_unauthenticated, self.unauthenticated = max_unauthenticated, 0
+        self._refused = Tally(_log, f"refused %d unauthenticated requests over {max_unauthenticated} in progress")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in HEALTH_PATHS:
             await self.app(scope, receive, send)
             return
         method, path = scope["method"], scope["path"]
         permission = required_permission(method, path)
-        if permission is None or not await self._enabled():
+        if not await self._enabled():
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
         principal, via_cookie = await self._principal(headers)
+        if permission is None:  # sign-in, sign-out, static files: served to anyone, within the cap
+            if principal is None:
+                await self._unauthenticated_call(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
         if principal is None:
             await self._unauthenticated(scope, headers, send)
             return
@@ -79,6 +97,19 @@ class Auth:
             return
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+    async def _unauthenticated_call(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An open path without a valid credential: served while fewer than the cap are."""
+        if self.unauthenticated >= self.max_unauthenticated:
+            self._refused.count()
+            busy = "too many unauthenticated requests in progress; retry shortly"
+            await _reply(send, 503, busy, [(b"retry-after", b"1"), (b"connection", b"close")])
+            return
+        self.unauthenticated += 1  # one event loop per process: no await between check and count
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.unauthenticated -= 1
 
     async def _enabled(self) -> bool:
         if self.auth.enabled_is_cached():

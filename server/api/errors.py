@@ -11,8 +11,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..errors import AlreadyExists, Conflict, FieldError, HpoError, InvalidInput, NotFound, StorageError
 
@@ -112,6 +113,11 @@ def install(app: FastAPI) -> None:
         # json.loads and pydantic recurse per nesting level; a body nested thousands deep is
         # the client's error, refused before anything is stored.
         return invalid_response([FieldError("body", "is nested too deeply")])
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_request: Request, _exc: ClientDisconnect) -> Response:
+        # The client went away mid-body: `hostile.py` logged it in one line; no one reads this.
+        return Response(status_code=400)
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

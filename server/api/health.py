@@ -13,7 +13,7 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:  # async: answered on the event loop, never queued for a thread
     # `service` lets a client tell hpo from another program on the same port (hpo/server_url.py).
     return {"status": "ok", "service": "hpo"}
 

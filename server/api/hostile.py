@@ -4,12 +4,15 @@ Postgres refuses a NUL character in text and JSONB, and no driver can encode a l
 surrogate (`"\\ud800"`); SQLite stores both and then fails on every read of that row. So every request
 body is checked as it is received, on its raw bytes (a scan of the JSON escapes; bytes that are not
 UTF-8 fail JSON parsing, a 422 too), and the query string likewise: a 422 naming the part, never a
-503 the worker would retry forever. The body must also arrive within `BODY_SECONDS`: a client that
-stalls mid-upload is cut off with a 408 instead of holding a server slot for ever."""
+503 the worker would retry forever. The whole body must also arrive within `BODY_SECONDS` of the
+request's start (not per read: a client trickling a byte now and then must not hold a server slot
+for ever): past it the request is answered 408. A request timed out or abandoned mid-body (the
+client went away) logs one line, never a traceback."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from typing import Any
 
@@ -17,6 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 BODY_SECONDS = 30.0
+_log = logging.getLogger("hpo.server")
 # Candidates only (a NUL escape or any surrogate escape); whether a surrogate is paired is decided
 # in Python, which runs only when a body holds one (rare), so the common body costs one C scan.
 _CANDIDATE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
@@ -86,25 +90,35 @@ class HostileInput:
         if "\x00" in scope["path"]:
             await _reply(send, "path", "must not contain NUL characters")
             return
-        await self.app(scope, self._checked(receive), send)
+        await self.app(scope, self._checked(scope, receive), send)
 
-    def _checked(self, receive: Receive) -> Receive:
+    def _checked(self, scope: Scope, receive: Receive) -> Receive:
         carried = b""
         seconds = self.body_seconds if self.body_seconds is not None else BODY_SECONDS
+        deadline = asyncio.get_running_loop().time() + seconds
+        received = 0
         done = False
 
         async def checked() -> Message:
-            nonlocal carried, done
+            nonlocal carried, done, received
             if done:  # later calls wait for a disconnect (streaming responses): no deadline then
                 return await receive()
             try:
-                async with asyncio.timeout(seconds):
+                async with asyncio.timeout_at(deadline):
                     message = await receive()
             except TimeoutError:
-                raise HTTPException(408, detail=f"request body not received within {seconds:g} s") from None
+                done = True
+                _log.warning(
+                    "%s: request body not received within %g s (%d bytes came); 408", _who(scope), seconds, received
+                )
+                detail = f"request body not received within {seconds:g} s"
+                raise HTTPException(408, detail=detail, headers={"Connection": "close"}) from None
             if message["type"] != "http.request":
+                done = True
+                _log.warning("%s: the client went away after %d bytes of the request body", _who(scope), received)
                 return message
             chunk: bytes = message.get("body", b"")
+            received += len(chunk)
             final = done = not message.get("more_body", False)
             data = carried + chunk
             reason = bad_escape(data, final)
@@ -114,6 +128,12 @@ class HostileInput:
             return message
 
         return checked
+
+
+def _who(scope: Scope) -> str:
+    client = scope.get("client")
+    path = repr(scope["path"])[1:-1]  # a path may hold a newline (%0A): one line stays one line
+    return f"{scope['method']} {path} from {client[0] if client else 'unknown'}"
 
 
 async def _reply(send: Send, field: str, reason: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from hpo.policy import ExecutionPolicy
 from hpo.server import auth, studies
-from hpo.server.api import hostile
+from hpo.server.config import ServerSettings
 from hpo.server.db import Database
 from hpo.settings import Settings
 from tests.conftest import LiveServer
@@ -262,9 +262,8 @@ def test_tracking_csv_cells_never_run_as_formulas(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_oversized_chunked_and_stalled_bodies_are_cut_off(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hostile, "BODY_SECONDS", 1.0)
-    with LiveServer(dataclasses.replace(settings, max_body_bytes=2048)) as live:
+def test_oversized_chunked_and_stalled_bodies_are_cut_off(settings: Settings) -> None:
+    with LiveServer(dataclasses.replace(settings, max_body_bytes=2048), ServerSettings(body_seconds=1.0)) as live:
 
         def chunks() -> Iterator[bytes]:
             for _ in range(10):

@@ -1,0 +1,64 @@
+"""The server's own settings: its slow-client deadlines and limits. Read once from the `HPO_*`
+environment like `hpo.settings.Settings` (which holds what server and workers share) and passed in
+to `create_app` and the HTTP protocol."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hpo.settings import SettingsError
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    # Request line and headers must arrive within this many seconds of a connection opening (or
+    # of a new request starting on a kept-alive one); the connection is closed otherwise.
+    header_seconds: float = 10.0
+    # The whole body must arrive within this many seconds of the headers' end (408 otherwise).
+    body_seconds: float = 30.0
+    # Requests without a valid credential in progress at once, per server process, once tokens
+    # exist (sign-in page and form, sign-out, static files); more answer 503 at once.
+    max_unauthenticated: int = 32
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
+        """Reads `HPO_HEADER_SECONDS`, `HPO_BODY_SECONDS` and `HPO_MAX_UNAUTHENTICATED`; fails fast
+        naming the variable."""
+        env = os.environ if environ is None else environ
+        defaults = cls()
+        settings = cls(
+            header_seconds=_number(env, "HPO_HEADER_SECONDS", defaults.header_seconds),
+            body_seconds=_number(env, "HPO_BODY_SECONDS", defaults.body_seconds),
+            max_unauthenticated=_integer(env, "HPO_MAX_UNAUTHENTICATED", defaults.max_unauthenticated),
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for name, value in (("HPO_HEADER_SECONDS", self.header_seconds), ("HPO_BODY_SECONDS", self.body_seconds)):
+            if not 0.1 <= value <= 3600:
+                raise SettingsError(f"{name} must be between 0.1 and 3600 seconds, got {value:g}")
+        if not 1 <= self.max_unauthenticated <= 100_000:
+            raise SettingsError(f"HPO_MAX_UNAUTHENTICATED must be between 1 and 100000, got {self.max_unauthenticated}")
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _integer(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw.replace("_", ""))
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
