@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from hpo.settings import Settings
 
 from . import charts as chart_data
-from . import leases
+from . import leases, signing_key
 from .api import analysis, charts, dashboard, errors, health, openapi, signin, studies, trials, workers
 from .api.auth import Auth
 from .api.hostile import HostileInput
@@ -64,7 +64,8 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
     app.state.db = db
     app.state.settings = settings
     app.state.server_settings = server
-    app.state.auth = authenticator = Authenticator(db, settings.api_token, settings.session_secret)
+    key = signing_key.load(settings.session_secret, server.secret_file)
+    app.state.auth = authenticator = Authenticator(db, settings.api_token, key)
     errors.install(app)
     openapi.install(app)
     routers = (health, studies, trials, workers, analysis, charts, dashboard, signin)

@@ -1,5 +1,5 @@
 """Who may call what: API tokens with roles, the trial tokens a worker hands its trial processes,
-and the signed dashboard session. Plain Python over the `Database`; the HTTP side
+and the dashboard sessions. Plain Python over the `Database`; the HTTP side
 (`hpo.server.api.auth`) only maps a request to a permission and asks here.
 
 Roles (docs/security.md):
@@ -16,11 +16,17 @@ slow every request down.
 A trial token (`hpot.<trial>.<lease>.<mac>`) is what a trial process carries instead of the worker's
 token: it may post metrics and checkpoints for that one trial, and only while its lease is current
 (the writes are lease-fenced), so code running inside a trial can do nothing it could not do by
-writing its own metrics file."""
+writing its own metrics file.
+
+A dashboard session is a row keyed by the SHA-256 of a random id that the cookie carries: sign-out
+deletes it, revoking the token ends it, and every server process sharing the database sees either
+at once. The signing key (trial tokens, CSRF tokens) lives outside the database
+(`hpo.server.signing_key`)."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import secrets
@@ -30,11 +36,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from .db import Database
-from .errors import Conflict, InvalidInput, NotFound
-from .models import ApiToken, ServerSecret
+from .errors import InvalidInput, NotFound
+from .models import ApiToken, DashboardSession
 
 Role = Literal["read", "write", "worker", "admin"]
 Permission = Literal["read", "write", "worker"]
@@ -48,7 +54,6 @@ GRANTS: dict[str, frozenset[str]] = {
 TOKEN_PREFIX = "hpo_"
 TRIAL_TOKEN_PREFIX = "hpot."
 SESSION_SECONDS = 12 * 3600
-_SECRET_NAME = "signing-key"
 
 
 def new_token() -> str:
@@ -81,6 +86,9 @@ class Principal:
     token_id: int | None = None
     trial_id: int | None = None
     token_hash: str | None = None
+    # A trial token's lease (its writes must name it); a session's id hash (its CSRF token's seed).
+    lease_id: str | None = None
+    session: str | None = None
 
     def may(self, permission: str) -> bool:
         return self.role in GRANTS.get(permission, frozenset())
@@ -110,13 +118,15 @@ def list_tokens(db: Database) -> list[TokenInfo]:
 
 
 def revoke_token(db: Database, token_id: int) -> TokenInfo:
-    """Revokes a token (kept, for the record). Servers stop accepting it within `CACHE_SECONDS`."""
+    """Revokes a token (kept, for the record) and ends its dashboard sessions. Servers stop
+    accepting it within `CACHE_SECONDS`."""
     with db.transaction() as session:
         row = session.get(ApiToken, token_id)
         if row is None:
             raise NotFound(f"token {token_id} not found")
         if row.revoked_at is None:
             row.revoked_at = datetime.now().astimezone()
+        session.execute(delete(DashboardSession).where(DashboardSession.token_hash == row.token_hash))
         session.flush()
         return _info(row)
 
@@ -144,24 +154,6 @@ def _info(row: ApiToken) -> TokenInfo:
     return TokenInfo(id=row.id, name=row.name, role=row.role, created_at=row.created_at, revoked_at=row.revoked_at)
 
 
-def signing_key(db: Database, configured: str | None) -> bytes:
-    """`HPO_SESSION_SECRET` when set; otherwise one random key kept in the database, so every
-    server process (and every restart) signs and checks sessions and trial tokens alike."""
-    if configured:
-        return configured.encode()
-    for _ in range(3):
-        with db.transaction() as session:
-            row = session.get(ServerSecret, _SECRET_NAME)
-            if row is not None:
-                return row.value.encode()
-        try:
-            with db.transaction() as session:
-                session.add(ServerSecret(name=_SECRET_NAME, value=secrets.token_hex(32)))
-        except Conflict:  # another process created it first: read theirs
-            continue
-    raise RuntimeError("could not create the server's signing key")
-
-
 # --- checking a request's credentials ------------------------------------------------------------
 
 CACHE_SECONDS = 2.0
@@ -173,21 +165,14 @@ class Authenticator:
     `CACHE_SECONDS`, so a busy worker's metrics posts do not each cost a query; a new or revoked
     token takes effect within that time."""
 
-    def __init__(self, db: Database, admin_token: str | None, configured_secret: str | None) -> None:
+    def __init__(self, db: Database, admin_token: str | None, key: bytes) -> None:
         self._db = db
         self._admin_hash = hash_token(admin_token) if admin_token else None
-        self._configured_secret = configured_secret
-        self._key: bytes | None = None
+        self._key = key
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Principal | None]] = {}
         self._enabled_until = 0.0
         self._enabled = bool(admin_token)
-
-    @property
-    def key(self) -> bytes:
-        if self._key is None:
-            self._key = signing_key(self._db, self._configured_secret)
-        return self._key
 
     def enabled(self) -> bool:
         """Whether calls need credentials: `HPO_API_TOKEN` is set or a token was ever created (blocking)."""
@@ -205,7 +190,7 @@ class Authenticator:
     def cached(self, token: str) -> tuple[bool, Principal | None]:
         """(hit, principal) from the cache alone, so the async caller can skip a thread hop."""
         if token.startswith(TRIAL_TOKEN_PREFIX):
-            return (True, self._trial_principal(token)) if self._key is not None else (False, None)
+            return True, self._trial_principal(token)
         entry = self._cache.get(hash_token(token))
         if entry is None or entry[0] < time.monotonic():
             return False, None
@@ -244,33 +229,47 @@ class Authenticator:
         trial_id, lease_id, mac = parts
         if not hmac.compare_digest(mac, self._mac(f"trial:{int(trial_id)}:{lease_id}")):
             return None
-        return Principal("trial", trial_id=int(trial_id))
+        return Principal("trial", trial_id=int(trial_id), lease_id=lease_id)
 
     # -- dashboard sessions ---------------------------------------------------------------------
 
-    def session_cookie(self, token_hash: str, now: float | None = None) -> str:
-        expires = int((now or time.time()) + SESSION_SECONDS)
-        return f"{token_hash}.{expires}.{self._mac(f'session:{token_hash}:{expires}')}"
+    def start_session(self, token_hash: str) -> str:
+        """A new session for the token (blocking); answers the cookie's value, a random id. Expired
+        sessions are deleted on the way, so the table holds at most a sign-in's worth of them."""
+        cookie = secrets.token_urlsafe(32)
+        now = time.time()
+        with self._db.transaction() as session:
+            session.execute(delete(DashboardSession).where(DashboardSession.expires_at <= now))
+            session.add(
+                DashboardSession(id_hash=hash_token(cookie), token_hash=token_hash, expires_at=now + SESSION_SECONDS)
+            )
+        return cookie
+
+    def end_session(self, cookie: str) -> None:
+        """Sign-out (blocking): the session stops working on every server at once."""
+        with self._db.transaction() as session:
+            session.execute(delete(DashboardSession).where(DashboardSession.id_hash == hash_token(cookie)))
 
     def session_principal(self, cookie: str) -> Principal | None:
-        """The signed-in token's principal, while the session has not expired and the token is
-        still active (blocking)."""
-        token_hash = self.session_hash(cookie)
-        return None if token_hash is None else self._by_hash(token_hash)
-
-    def session_hash(self, cookie: str) -> str | None:
-        parts = cookie.split(".")
-        if len(parts) != 3 or not parts[1].isdigit():
+        """The signed-in token's principal, while the session exists, has not expired and its token
+        is still active (blocking: one primary-key lookup, never cached, so sign-out holds at once)."""
+        if not cookie or len(cookie) > 100:
             return None
-        token_hash, expires, mac = parts
-        if not hmac.compare_digest(mac, self._mac(f"session:{token_hash}:{expires}")):
-            return None
-        return token_hash if int(expires) > time.time() else None
+        id_hash = hash_token(cookie)
+        with self._db.transaction() as session:
+            row = session.execute(
+                select(DashboardSession.token_hash).where(
+                    DashboardSession.id_hash == id_hash, DashboardSession.expires_at > time.time()
+                )
+            ).first()
+        principal = None if row is None else self._by_hash(str(row.token_hash))
+        return None if principal is None else dataclasses.replace(principal, session=id_hash)
 
-    def csrf_token(self, token_hash: str) -> str:
-        """The value a signed-in page must echo on writes (header `X-HPO-CSRF` or form field `csrf`)."""
-        return self._mac(f"csrf:{token_hash}")
+    def csrf_token(self, session_id_hash: str) -> str:
+        """The value a signed-in page must echo on writes (header `X-HPO-CSRF` or form field `csrf`):
+        a MAC of the session, so it changes with every sign-in."""
+        return self._mac(f"csrf:{session_id_hash}")
 
     def _mac(self, message: str) -> str:
-        digest = hmac.new(self.key, message.encode(), hashlib.sha256).digest()
+        digest = hmac.new(self._key, message.encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()

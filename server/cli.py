@@ -66,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
             f"({args.limit_concurrency}), or unauthenticated requests could take every slot"
         )
     _check_port(args.host, args.port)
+    _signing_key_once(settings, server)
     tokens = _upgrade_once(settings)
     if not is_loopback(args.host) and not settings.api_token and tokens == 0 and not args.insecure:
         raise CliError(
@@ -116,6 +117,18 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _signing_key_once(settings: Any, server: Any) -> None:
+    """Creates the key file before the processes start (they all read it then), or says in one
+    line why it cannot be."""
+    from hpo.cli import CliError
+    from hpo.server import signing_key
+
+    try:
+        signing_key.load(settings.session_secret, server.secret_file)
+    except signing_key.SigningKeyError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _upgrade_once(settings: Any) -> int:

@@ -1,4 +1,5 @@
-"""The server's own settings: its slow-client deadlines and limits. Read once from the `HPO_*`
+"""The server's own settings: its slow-client deadlines and limits, and where the signing key lives.
+Read once from the `HPO_*`
 environment like `hpo.settings.Settings` (which holds what server and workers share) and passed in
 to `create_app` and the HTTP protocol."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpo.settings import SettingsError
 
@@ -21,17 +23,21 @@ class ServerSettings:
     # Requests without a valid credential in progress at once, per server process, once tokens
     # exist (sign-in page and form, sign-out, static files); more answer 503 at once.
     max_unauthenticated: int = 32
+    # The signing key's file when HPO_SESSION_SECRET is unset; None: `default_secret_file()`.
+    session_secret_file: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
-        """Reads `HPO_HEADER_SECONDS`, `HPO_BODY_SECONDS` and `HPO_MAX_UNAUTHENTICATED`; fails fast
-        naming the variable."""
+        """Reads `HPO_HEADER_SECONDS`, `HPO_BODY_SECONDS`, `HPO_MAX_UNAUTHENTICATED` and
+        `HPO_SESSION_SECRET_FILE`; fails fast naming the variable."""
         env = os.environ if environ is None else environ
         defaults = cls()
+        secret_file = env.get("HPO_SESSION_SECRET_FILE") or None
         settings = cls(
             header_seconds=_number(env, "HPO_HEADER_SECONDS", defaults.header_seconds),
             body_seconds=_number(env, "HPO_BODY_SECONDS", defaults.body_seconds),
             max_unauthenticated=_integer(env, "HPO_MAX_UNAUTHENTICATED", defaults.max_unauthenticated),
+            session_secret_file=Path(secret_file).expanduser() if secret_file else None,
         )
         settings.validate()
         return settings
@@ -42,6 +48,19 @@ class ServerSettings:
                 raise SettingsError(f"{name} must be between 0.1 and 3600 seconds, got {value:g}")
         if not 1 <= self.max_unauthenticated <= 100_000:
             raise SettingsError(f"HPO_MAX_UNAUTHENTICATED must be between 1 and 100000, got {self.max_unauthenticated}")
+
+    @property
+    def secret_file(self) -> Path:
+        return self.session_secret_file or default_secret_file()
+
+
+def default_secret_file(environ: Mapping[str, str] | None = None) -> Path:
+    """`$XDG_STATE_HOME/hpo/session-secret`, by default `~/.local/state/hpo/session-secret`: the
+    server user's own state, apart from the database (a copy of which must not carry the key) and
+    from the artifact root (which trials write and read)."""
+    env = os.environ if environ is None else environ
+    state = env.get("XDG_STATE_HOME") or str(Path("~/.local/state").expanduser())
+    return Path(state) / "hpo" / "session-secret"
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:

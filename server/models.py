@@ -143,6 +143,9 @@ class Trial(Base):
     fail_kind: Mapped[str | None] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     error_step: Mapped[int | None] = mapped_column(Integer)
+    # How many metric points the trial holds (the quota, results.record_metrics), kept as points
+    # are added and cut; NULL on trials from before it was kept: counted at their next write.
+    point_count: Mapped[int | None] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -218,14 +221,17 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
-class ServerSecret(Base):
-    """Secrets every server process must share (the session and trial-token signing key), created
-    once by whichever process needs one first."""
+class DashboardSession(Base):
+    """A dashboard session (hpo.server.auth): the cookie holds a random id, only its SHA-256 is
+    stored, so neither a copy of this table nor of the signing key lets anyone take a session over.
+    Sign-out deletes the row; every server process sees that at once."""
 
-    __tablename__ = "server_secrets"
+    __tablename__ = "dashboard_sessions"
 
-    name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[str] = mapped_column(String(200))
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), index=True)
+    # Seconds since the epoch.
+    expires_at: Mapped[float] = mapped_column(Double)
 
 
 class Note(Base):

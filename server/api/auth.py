@@ -15,6 +15,7 @@ everything, with no credential and no cap."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import re
@@ -131,7 +132,8 @@ class Auth:
 
     def _csrf_ok(self, principal: Principal, headers: dict[str, str]) -> bool:
         given = headers.get(CSRF_HEADER, "")
-        return bool(principal.token_hash) and given == self.auth.csrf_token(principal.token_hash or "")
+        expected = self.auth.csrf_token(principal.session) if principal.session else ""
+        return bool(expected) and hmac.compare_digest(given.encode("latin-1"), expected.encode())
 
     async def _unauthenticated(self, scope: Scope, headers: dict[str, str], send: Send) -> None:
         path = scope["path"]

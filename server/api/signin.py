@@ -1,7 +1,8 @@
 """Dashboard sign-in: a browser cannot send `Authorization`, so a person signs in once with a
-token and gets a signed session cookie (HttpOnly, SameSite=Strict, 12 hours). Writes from a
-signed-in page echo a CSRF token derived from the session (`hpo_csrf` cookie, readable by the
-page's script, sent back as the `X-HPO-CSRF` header or the `csrf` form field)."""
+token and gets a session cookie (a random id, HttpOnly, SameSite=Strict, 12 hours) that names a
+session kept in the database; sign-out deletes it. Writes from a signed-in page echo a CSRF token
+derived from the session (`hpo_csrf` cookie, readable by the page's script, sent back as the
+`X-HPO-CSRF` header or the `csrf` form field)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import cookie_parser
 
-from ..auth import SESSION_SECONDS, Authenticator, hash_token
+from ..auth import SESSION_SECONDS, Authenticator, Principal, hash_token
 from .auth import CSRF_COOKIE, SESSION_COOKIE
 from .dashboard import _ENV
 
@@ -23,13 +25,12 @@ _MAX_FORM = 8192
 @router.get("/signin", response_class=HTMLResponse)
 def signin_page(request: Request, next: str = "/") -> HTMLResponse:
     auth: Authenticator = request.app.state.auth
-    session = _session_hash(request)
-    principal = auth.session_principal(request.cookies.get(SESSION_COOKIE, "")) if session else None
+    principal = _signed_in(request)
     return _render(
         request,
         needed=auth.enabled(),
         role=principal.role if principal else None,
-        csrf=auth.csrf_token(session) if principal and session else "",
+        csrf=auth.csrf_token(principal.session) if principal and principal.session else "",
         next=_safe_next(next),
     )
 
@@ -41,37 +42,44 @@ async def signin(request: Request) -> Response:
     token, target = form.get("token", "").strip(), _safe_next(form.get("next", "/"))
     if not _same_origin(request):
         return _render(request, status=403, needed=True, error="sign-in from another site refused", next=target)
-    from starlette.concurrency import run_in_threadpool
-
     principal = await run_in_threadpool(auth.principal, token) if token else None
     if principal is None or principal.role == "trial":
         return _render(request, status=401, needed=True, error="unknown or revoked token", next=target)
-    token_hash = hash_token(token)
+    cookie = await run_in_threadpool(auth.start_session, hash_token(token))
     response = RedirectResponse(target, status_code=303)
     secure = request.url.scheme == "https"
     common: dict[str, Any] = {"max_age": SESSION_SECONDS, "samesite": "strict", "secure": secure, "path": "/"}
-    response.set_cookie(SESSION_COOKIE, auth.session_cookie(token_hash), httponly=True, **common)
-    response.set_cookie(CSRF_COOKIE, auth.csrf_token(token_hash), httponly=False, **common)
+    response.set_cookie(SESSION_COOKIE, cookie, httponly=True, **common)
+    response.set_cookie(CSRF_COOKIE, auth.csrf_token(hash_token(cookie)), httponly=False, **common)
     return response
 
 
 @router.post("/signout")
 async def signout(request: Request) -> Response:
+    """Ends the session on the server (every server sharing the database refuses its cookie from
+    now on), then clears the cookies."""
     form = await _form(request)
     auth: Authenticator = request.app.state.auth
-    session = _session_hash(request)
-    if session is not None and form.get("csrf", "") != auth.csrf_token(session):
-        return _render(request, status=403, needed=True, error="sign-out needs the page's CSRF token", next="/")
+    principal = await run_in_threadpool(_signed_in, request)
+    if principal is not None and principal.session is not None:
+        if form.get("csrf", "") != auth.csrf_token(principal.session):
+            return _render(request, status=403, needed=True, error="sign-out needs the page's CSRF token", next="/")
+        await run_in_threadpool(auth.end_session, _cookie(request))
     response = RedirectResponse("/signin", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     response.delete_cookie(CSRF_COOKIE, path="/")
     return response
 
 
-def _session_hash(request: Request) -> str | None:
-    cookie = cookie_parser(request.headers.get("cookie", "")).get(SESSION_COOKIE, "")
+def _cookie(request: Request) -> str:
+    return cookie_parser(request.headers.get("cookie", "")).get(SESSION_COOKIE, "")
+
+
+def _signed_in(request: Request) -> Principal | None:
+    """The session's principal, if the request carries a live session (blocking)."""
+    cookie = _cookie(request)
     auth: Authenticator = request.app.state.auth
-    return auth.session_hash(cookie) if cookie else None
+    return auth.session_principal(cookie) if cookie else None
 
 
 async def _form(request: Request) -> dict[str, str]:
