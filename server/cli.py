@@ -9,6 +9,10 @@ from typing import Any
 
 # The master's pid, for the worker processes of `--workers N` (see hpo.server.asgi).
 MASTER_PID_VARIABLE = "HPO_SERVER_MASTER_PID"
+# HPO_API_TOKEN on an address others can reach: at least this long, and not a few characters
+# repeated (tokens from `hpo token create` have 43 characters of 256 random bits).
+MIN_TOKEN_LENGTH = 32
+MIN_TOKEN_CHARACTERS = 8
 
 
 def register(subparsers: Any) -> None:
@@ -65,6 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
             f"HPO_MAX_UNAUTHENTICATED ({server.max_unauthenticated}) must be below --limit-concurrency "
             f"({args.limit_concurrency}), or unauthenticated requests could take every slot"
         )
+    _check_token_strength(args.host, settings.api_token)
     _check_port(args.host, args.port)
     _signing_key_once(settings, server)
     tokens = _upgrade_once(settings)
@@ -92,6 +97,27 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
     )
     return 0
+
+
+def token_weakness(token: str) -> str | None:
+    """Why `token` is too weak to guard a server that others can reach, or None."""
+    if len(token) < MIN_TOKEN_LENGTH:
+        return f"it has {len(token)} characters, fewer than {MIN_TOKEN_LENGTH}"
+    if len(set(token)) < MIN_TOKEN_CHARACTERS:
+        return f"it repeats {len(set(token))} different characters"
+    return None
+
+
+def _check_token_strength(host: str, token: str | None) -> None:
+    """A guessable HPO_API_TOKEN is an admin password for anyone who reaches a public address."""
+    from hpo.cli import CliError
+
+    weakness = None if is_loopback(host) or not token else token_weakness(token)
+    if weakness is not None:
+        raise CliError(
+            f"refusing to listen on {host} with a weak HPO_API_TOKEN ({weakness}): use at least {MIN_TOKEN_LENGTH} "
+            "random characters (HPO_API_TOKEN=$(openssl rand -hex 32)), or tokens from `hpo token create`"
+        )
 
 
 def _check_port(host: str, port: int) -> None:

@@ -1,6 +1,7 @@
-"""Issue 18, items 2 and 3, over real HTTP: a dashboard session ends at sign-out and when its token
+"""Issue 18, items 2 to 4, over real HTTP: a dashboard session ends at sign-out and when its token
 is revoked, on every server sharing the database; the signing key lives in a file (or the
-environment), never in the database, and processes starting together agree on it."""
+environment), never in the database, and processes starting together agree on it; a weak
+HPO_API_TOKEN is refused on an address others can reach."""
 
 from __future__ import annotations
 
@@ -186,3 +187,31 @@ def test_a_key_from_another_server_is_not_this_ones(settings: Settings, tmp_path
     assert other.principal(token) is None
     assert same.principal(token) == auth.Principal("trial", trial_id=7, lease_id="lease")
     db.dispose()
+
+
+# --- HPO_API_TOKEN on a public address -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("token", "reason"),
+    [("x", "it has 1 characters, fewer than 32"), ("ab" * 20, "it repeats 2 different characters")],
+)
+def test_a_weak_api_token_is_refused_on_a_public_address(
+    token: str, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HPO_DATABASE_URL", f"sqlite:///{tmp_path / 'hpo.db'}")
+    monkeypatch.setenv("HPO_API_TOKEN", token)
+    assert main(["server", "--host", "0.0.0.0", "--port", str(free_port()), "--insecure"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert f"refusing to listen on 0.0.0.0 with a weak HPO_API_TOKEN ({reason})" in error
+    assert "openssl rand -hex 32" in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "hpo.db").exists()  # refused before anything was created
+
+
+def test_strong_tokens_pass_the_check_and_loopback_takes_any() -> None:
+    from hpo.server.cli import _check_token_strength, token_weakness
+
+    assert token_weakness(auth.new_token()) is None
+    assert token_weakness("0123456789abcdef" * 2) is None  # 32 hex characters
+    _check_token_strength("127.0.0.1", "x")  # a laptop's server: no one else reaches it
+    _check_token_strength("0.0.0.0", None)  # no HPO_API_TOKEN: the "no token" check applies instead
