@@ -15,12 +15,18 @@ the range on that side and either
 A hyperparameter that does not matter puts its best trial near an edge by chance, but rarely its
 best two in the same narrow band, and rarely with a trend; an optimum inside the range puts them
 inside. docs/analysis.md gives the detection and false-alarm rates measured over Halton designs
-(bench/boundary_power.py)."""
+(bench/boundary_power.py).
+
+Either way the edge must beat the rest of the range by more than the noise: the best trial outside
+the outer `BAND` must be worse than the best one by more than `NOISE_GAP` times the arm's measured
+noise (its replica spread, else the median late noise of its trials' curves). A gap the noise explains
+is no reason to widen a range (a hundredfold, for a log-scaled weight decay)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +42,9 @@ MIN_TRIALS = 6
 # Narrower than BAND and strict, because a hyperparameter that does not matter puts two of the
 # best trials in one outer band by chance (2 x 0.1^2 = 2% per side, against 6% with 2 of the top 3 in 15%).
 TOP_FEW, TOP_HIT, CLUSTER_BAND = 2, 2, 0.10
+# The edge's gain over the best trial elsewhere must exceed this many noise levels: the difference
+# of two single runs has a standard deviation of sqrt(2) noise levels.
+NOISE_GAP = math.sqrt(2.0)
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,9 @@ class BoundaryCheck:
     suggested: Any = None
     rule: str | None = None  # "trend" or "cluster" when flagged
     top_in_band: int = 0
+    gap: float | None = None  # how much the edge beats the best trial elsewhere (oriented)
+    noise: float | None = None  # the noise the gap was held against
+    within_noise: bool = False  # the edge would be flagged, but its gap is within the noise
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +81,9 @@ class BoundaryCheck:
             "side": self.side,
             "rule": self.rule,
             "top_in_band": self.top_in_band,
+            "gap": self.gap,
+            "noise": self.noise,
+            "within_noise": self.within_noise,
             "range": [self.dim.min, self.dim.max] if self.dim.type != "discrete" else list(self.dim.values),
             "scale": self.dim.scale,
             "suggested": self.suggested,
@@ -76,10 +91,17 @@ class BoundaryCheck:
 
 
 def check_boundaries(
-    dims: Sequence[Dimension], trials: Sequence[TrialSummary], sign: float, *, band: float = BAND, alpha: float = ALPHA
+    dims: Sequence[Dimension],
+    trials: Sequence[TrialSummary],
+    sign: float,
+    *,
+    band: float = BAND,
+    alpha: float = ALPHA,
+    noise: Mapping[str, float] | None = None,
 ) -> list[BoundaryCheck]:
     """One check per ordered, varied declaration and arm it applies to, with at least
-    `MIN_TRIALS` feasible trials. `sign` is +1 when lower objective is better, -1 otherwise."""
+    `MIN_TRIALS` feasible trials. `sign` is +1 when lower objective is better, -1 otherwise;
+    `noise` (by arm key) is each arm's measured noise, the floor of an edge's gap."""
     by_arm: dict[str, list[TrialSummary]] = {}
     for t in trials:
         if t.feasible and t.replica_of is None:
@@ -90,6 +112,8 @@ def check_boundaries(
         for dim in dims:
             if dim.varied and dim.ordered and dim.applies(arm):
                 check = _check_one(dim, arm, arm_trials, sign, band, alpha)
+                if check is not None and check.side is not None:
+                    check = _against_noise(check, arm_trials, sign, band, (noise or {}).get(arm_trials[0].arm_key))
                 if check is not None:
                     checks.append(check)
     return checks
@@ -138,6 +162,23 @@ def _check_one(
         rule=rule,
         top_in_band=hits,
     )
+
+
+def _against_noise(
+    check: BoundaryCheck, trials: Sequence[TrialSummary], sign: float, band: float, noise: float | None
+) -> BoundaryCheck:
+    """The check with its gap measured, unflagged when the gap is within `NOISE_GAP` noise levels."""
+    dim, side = check.dim, check.side
+    elsewhere = [
+        sign * float(t.objective or 0.0)
+        for t in trials
+        if (u := unit(dim, t.params.get(dim.name))) is not None and (u < 1 - band if side == "max" else u > band)
+    ]
+    best = min(sign * float(t.objective or 0.0) for t in trials)
+    gap = min(elsewhere) - best if elsewhere else None
+    if gap is None or noise is None or not noise > 0 or gap > NOISE_GAP * noise:
+        return replace(check, gap=gap, noise=noise)
+    return replace(check, gap=gap, noise=noise, side=None, suggested=None, rule=None, within_noise=True)
 
 
 def boundary_warnings(checks: Sequence[BoundaryCheck], n_arms: int) -> list[dict[str, Any]]:

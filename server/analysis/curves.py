@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .diagnostics import Finding, check_curves, overfit_threshold
+from .diagnostics import NOISE_CLEARANCE, Finding, check_curves, overfit_threshold
 from .model import Curve, TrialSummary, fmt, warning
 from .queries import CurveStats
 from .space import Dimension, unit
@@ -157,8 +157,8 @@ def overfitting_screen(
     """Every finished feasible trial judged from its curve statistics (queries.curve_stats),
     vectorized: it overfits when its end level (a line through its last quarter, at its last step)
     is worse than its best value by more than `overfit_threshold` (the best value's share and the
-    late noise: its own, at least the study's median), while its training loss ended below where
-    it started. Answers `{examined, flagged, trial_ids, exempt_ids}`."""
+    late noise: its own, at least the study's median), while its training loss keeps falling (ended
+    below where it started, no late rise beyond its noise). Answers `{examined, flagged, trial_ids, exempt_ids}`."""
     by_id = {t.id: t for t in trials if t.feasible and t.objective is not None}
     empty = {"examined": 0, "flagged": 0, "trial_ids": [], "exempt_ids": []}
     if objective is None or not len(objective.trial_ids):
@@ -177,12 +177,19 @@ def overfitting_screen(
     threshold = overfit_threshold(best, sigma, n)
     with np.errstate(invalid="ignore"):
         flagged = (n >= 5) & (objective.late_n[keep] >= 3) & (end - best > threshold)
+    # Only while the training loss keeps falling (playbook: validation worse while training improves):
+    # it ended below where it started and its late line does not rise beyond its noise. A trial that
+    # logged no training loss is not called overfitting (a rising validation curve may be divergence).
+    trained = np.zeros(len(ids), dtype=bool)
     if train is not None and len(train.trial_ids):
         order = {int(t): k for k, t in enumerate(train.trial_ids)}
         at = np.array([order.get(int(i), -1) for i in ids])
+        found = at >= 0
+        k = at[found]
         with np.errstate(invalid="ignore"):
-            trained = np.where((at >= 0) & np.isfinite(train.first[at]), train.end[at] < train.first[at], True)
-        flagged &= trained
+            falling = (train.end[k] < train.first[k]) & (train.late_change[k] <= NOISE_CLEARANCE * train.late_noise[k])
+        trained[found] = np.nan_to_num(falling, nan=0.0).astype(bool)
+    flagged &= trained
     hit = [int(i) for i in ids[flagged]]
     return {
         "examined": int(len(ids)),

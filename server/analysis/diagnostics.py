@@ -85,7 +85,7 @@ def overfitting(valid: Curve, train: Curve | None) -> Finding | None:
     during training"): the validation objective first improves (by more than 3 noise levels), then
     ends (the median of the last three evaluations) worse than its best smoothed level by more than
     `overfit_threshold`, with a rising trend (t statistic over 2), while the training loss keeps
-    falling."""
+    falling (required: a trial that logs no training loss is never called overfitting)."""
     s = smooth(valid.values)
     b = int(np.argmin(s))
     after = valid.values[b:]
@@ -99,13 +99,16 @@ def overfitting(valid: Curve, train: Curve | None) -> Finding | None:
         return None
     if _slope(valid.steps[b:], after)[1] < 2:  # a sustained rise, not a noisy end
         return None
+    # Overfitting is validation getting worse *while training keeps improving*; without a training
+    # loss a rising validation curve may as well be divergence, so nothing is claimed.
+    if train is None or len(train) < MIN_POINTS:
+        return None
+    t = smooth(train.values)
+    at_best = float(np.interp(valid.steps[b], train.steps, t))
+    if not t[-1] < at_best:
+        return None
     facts: dict[str, Any] = {"best_step": valid.steps[b], "best": s[b], "end": end, "rise_share": rise / span}
-    if train is not None and len(train) >= MIN_POINTS:
-        t = smooth(train.values)
-        at_best = float(np.interp(valid.steps[b], train.steps, t))
-        if not t[-1] < at_best:
-            return None
-        facts.update(train_at_best=at_best, train_end=float(t[-1]))
+    facts.update(train_at_best=at_best, train_end=float(t[-1]))
     return Finding("overfitting", facts)
 
 

@@ -181,8 +181,36 @@ def set_outliers_aside(
             curve = curves.get(tid, {}).get(metric)
             found = robust_best(curve, sign) if curve is not None else None
             if found is not None:
-                by_id[tid] = replace(by_id[tid], objective=found.value, best_step=found.step, outlier=found.reason)
+                by_id[tid] = replace(
+                    by_id[tid],
+                    objective=found.value,
+                    best_step=found.step,
+                    outlier=found.reason,
+                    outlier_step=found.outlier_step,
+                )
     return [by_id[t.id] for t in trials]
+
+
+def best_ranks(trials: Iterable[TrialSummary], sign: float, few: int) -> dict[int, int]:
+    """`{trial_id: rank in its arm}` of the best `few` feasible original trials of each arm, by
+    the analysis' objective (lone outliers set aside), ties by trial number."""
+    groups: dict[str, list[TrialSummary]] = {}
+    for t in trials:
+        if t.feasible and t.replica_of is None:
+            groups.setdefault(t.arm_key, []).append(t)
+    out: dict[int, int] = {}
+    for group in groups.values():
+        group.sort(key=lambda t: (sign * float(t.objective or 0.0), t.number))
+        out.update({t.id: rank for rank, t in enumerate(group[:few], start=1)})
+    return out
+
+
+def without_outlier(trial: TrialSummary, curve: Curve) -> Curve:
+    """The trial's objective curve without the evaluation set aside as a lone outlier."""
+    if trial.outlier_step is None:
+        return curve
+    keep = curve.steps != trial.outlier_step
+    return Curve(curve.steps[keep], curve.values[keep])
 
 
 def _best_few(trials: Iterable[TrialSummary], sign: float, few: int) -> list[int]:

@@ -9,6 +9,7 @@ would allow higher learning rates and better results."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
@@ -28,10 +29,11 @@ NEIGHBOUR_GAP = 0.15
 
 
 def infeasible_summary(trials: Sequence[TrialSummary], dims: Sequence[Dimension], metric: str) -> dict[str, Any]:
-    """`{fraction, count, finished, reasons: [{reason, count}], where, trial_ids, diverged}` over
-    the original trials: fraction = infeasible / (completed + infeasible); `where` names the
+    """`{fraction, count, finished, reasons: [{reason, count}], where, value, trial_ids, diverged}`
+    over the original trials: fraction = infeasible / (completed + infeasible); `where` names the
     hyperparameter whose position best separates infeasible from feasible trials (None when none
-    does); `trial_ids` every trial judged infeasible (replicas included: plots draw them all as red
+    does), `value` the value of a categorical or discrete one where they concentrate
+    (`value_concentration`); `trial_ids` every trial judged infeasible (replicas included: plots draw them all as red
     crosses), `diverged` `[{trial_id, reason}]` for the completed ones judged from their curves."""
     originals = [t for t in trials if t.replica_of is None]
     bad = [t for t in originals if t.infeasible]
@@ -43,6 +45,7 @@ def infeasible_summary(trials: Sequence[TrialSummary], dims: Sequence[Dimension]
         "finished": finished,
         "reasons": [{"reason": r, "count": n} for r, n in reasons.most_common(5)],
         "where": _where(dims, originals),
+        "value": value_concentration(dims, originals),
         "trial_ids": [t.id for t in trials if t.infeasible],
         "diverged": [{"trial_id": t.id, "reason": t.diverged} for t in trials if t.diverged is not None],
     }
@@ -56,9 +59,16 @@ def infeasible_warnings(summary: dict[str, Any]) -> list[dict[str, Any]]:
         f"{summary['fraction']:.0%} of the finished trials ({summary['count']} of {summary['finished']}) are "
         f"infeasible: {reasons}."
     )
-    where = summary["where"]
+    where, value = summary["where"], summary.get("value")
     param = None
-    if where is not None:
+    if value is not None:
+        param = value["param"]
+        message += (
+            f" They concentrate at {value['label']} = {fmt(value['value'])}: {value['bad']} of its {value['n']} trials "
+            f"are infeasible, against {value['bad_elsewhere']} of {value['n_elsewhere']} with the other values. That "
+            "value fails: fix what it turns on (or leave it out of the search space) rather than narrowing a range."
+        )
+    elif where is not None:
         param = where["param"]
         direction = "high" if where["side"] == "max" else "low"
         message += (
@@ -67,7 +77,8 @@ def infeasible_warnings(summary: dict[str, Any]) -> list[dict[str, Any]]:
         )
     else:
         message += " Adjust the search space to avoid such points; when they are spread everywhere, look for a bug."
-    return [warning("infeasible", message, param=param, side=where["side"] if where else None)]
+    side = where["side"] if where is not None and value is None else None
+    return [warning("infeasible", message, param=param, side=side)]
 
 
 def instability_warnings(
@@ -196,6 +207,50 @@ def _reason(trial: TrialSummary, metric: str) -> str:
         return f"no finite value of {metric}"
     text = (trial.error or trial.fail_kind or "infeasible").strip().splitlines()[0][:120]
     return re.sub(r"\d+(\.\d+)?([eE][-+]?\d+)?", "N", text)
+
+
+# A categorical or discrete value "concentrates" the infeasible trials when at least half of its
+# trials are, twice the rate of the other values, one-sided Fisher exact p below this.
+VALUE_ALPHA = 0.01
+
+
+def value_concentration(dims: Sequence[Dimension], trials: Sequence[TrialSummary]) -> dict[str, Any] | None:
+    """The value of a varied categorical or discrete hyperparameter where the infeasible trials
+    concentrate (playbook, "Extracting insight": adjust the search space to avoid such points; a
+    value such as `precision = fp16` failing every time is a bug in that value, not a range to
+    narrow), the most significant one; None when no value stands out."""
+    best: dict[str, Any] | None = None
+    finished = [t for t in trials if t.infeasible or t.feasible]
+    for dim in dims:
+        if not (dim.varied and dim.type in ("categorical", "discrete")):
+            continue
+        placed = [(t.params.get(dim.name, t.arm.get(dim.name)), t.infeasible) for t in finished if dim.applies(t.arm)]
+        for value in {json.dumps(v, sort_keys=True, default=str) for v, _ in placed}:
+            found = _concentrated(dim, value, placed)
+            if found is not None and (best is None or found["p_value"] < best["p_value"]):
+                best = found
+    return best
+
+
+def _concentrated(dim: Dimension, key: str, placed: Sequence[tuple[Any, bool]]) -> dict[str, Any] | None:
+    mine = [bad for v, bad in placed if json.dumps(v, sort_keys=True, default=str) == key]
+    rest = [bad for v, bad in placed if json.dumps(v, sort_keys=True, default=str) != key]
+    bad, n, bad_rest, n_rest = sum(mine), len(mine), sum(rest), len(rest)
+    if n < 3 or not n_rest or 2 * bad < n or bad / n < 2 * bad_rest / n_rest:
+        return None
+    p = float(stats.fisher_exact([[bad, n - bad], [bad_rest, n_rest - bad_rest]], alternative="greater")[1])
+    if p >= VALUE_ALPHA:
+        return None
+    return {
+        "param": dim.name,
+        "label": dim.label,
+        "value": json.loads(key),
+        "bad": bad,
+        "n": n,
+        "bad_elsewhere": bad_rest,
+        "n_elsewhere": n_rest,
+        "p_value": p,
+    }
 
 
 def _where(dims: Sequence[Dimension], trials: Sequence[TrialSummary]) -> dict[str, Any] | None:

@@ -32,6 +32,7 @@ class TrialSummary:
     # Why its best evaluation was set aside as a lone outlier (outliers.py; `objective` is then its
     # best genuine evaluation), else None.
     outlier: str | None = None
+    outlier_step: int | None = None
     # Its last step with a finite value of the objective or a loss (None before curve statistics).
     last_step: int | None = None
 

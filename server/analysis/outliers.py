@@ -33,6 +33,7 @@ class RobustBest:
     value: float
     step: int
     reason: str
+    outlier_step: int
 
 
 def robust_best(curve: Curve, sign: float) -> RobustBest | None:
@@ -60,7 +61,7 @@ def robust_best(curve: Curve, sign: float) -> RobustBest | None:
         else f"the evaluation at step {int(finite.steps[b])} ({fmt(float(finite.values[b]))}) lies far beyond its "
         f"neighbours ({fmt(sign * expected)})"
     )
-    return RobustBest(value, step, reason)
+    return RobustBest(value, step, reason, int(finite.steps[b]))
 
 
 def _gap(v: np.ndarray, b: int) -> tuple[float, float, float]:

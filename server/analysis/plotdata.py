@@ -17,9 +17,9 @@ from . import queries
 from .arms import arm_summaries
 from .boundary import check_boundaries
 from .curves import OBJECTIVE_TRAIN
-from .divergence import load_trials
+from .divergence import best_ranks, load_trials
 from .isolation import isolation_series
-from .service import BEST_FEW, budgets, horizon_of, noise_of
+from .service import BEST_FEW, best_curves, budgets, horizon_of, late_noise_by_arm, noise_floors, noise_of
 from .space import dimensions
 from .training import best_step_summary
 
@@ -37,10 +37,11 @@ def plot_data(db: Database, study_id: int, kind: str, trial_id: int | None = Non
 
 
 def _axis(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
-    trials, _ = load_trials(session, study)  # diverged trials drawn as red crosses
+    trials, stats = load_trials(session, study)  # diverged trials drawn as red crosses
     dims = dimensions(study.spec)
     sign = 1.0 if study.mode == "min" else -1.0
-    flagged = {(c.dim.label, c.side) for c in check_boundaries(dims, trials, sign) if c.side}
+    floors = noise_floors(arm_summaries(trials, sign), late_noise_by_arm(trials, stats.get(study.metric)))
+    flagged = {(c.dim.label, c.side) for c in check_boundaries(dims, trials, sign, noise=floors) if c.side}
     return {"dims": [d for d in dims if d.varied], "trials": trials, "flagged": flagged}
 
 
@@ -58,8 +59,10 @@ def _curves(session: Session, study: queries.StudyInfo, trial_id: int | None) ->
         entries: list[dict[str, Any]] = [{"trial_id": trial_id, "label": f"trial {trial_id}", "rank": 1}]
         curves = queries.curves_of(session, [trial_id], names)
     else:
-        ranks, curves = queries.best_trial_curves(session, study.id, study.mode, BEST_FEW, names)
-        trials = {t.id: t for t in queries.trial_summaries(session, study.id)}
+        summaries, _ = load_trials(session, study)  # the analysis' best few: never a diverged trial
+        ranks = best_ranks(summaries, 1.0 if study.mode == "min" else -1.0, BEST_FEW)
+        curves = queries.curves_of(session, sorted(ranks), names)  # drawn as stored, outliers included
+        trials = {t.id: t for t in summaries}
         entries = [
             {"trial_id": tid, "label": _arm_text(trials[tid].arm, tid, rank), "rank": rank}
             for tid, rank in sorted(ranks.items(), key=lambda kv: (kv[1], kv[0]))
@@ -94,7 +97,7 @@ def _best_steps(session: Session, study: queries.StudyInfo, _trial_id: int | Non
 def _budget(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
     trials, _ = load_trials(session, study)  # diverged trials never win a draw
     sign = 1.0 if study.mode == "min" else -1.0
-    ranks, curves = queries.best_trial_curves(session, study.id, study.mode, BEST_FEW, [study.metric])
+    ranks, curves = best_curves(session, trials, study.metric, sign, BEST_FEW)
     arms = arm_summaries(trials, sign)
     series, _ = budgets(trials, arms, sign, study.metric, noise_of(trials, ranks, curves, study.metric))
     return {"series": series}

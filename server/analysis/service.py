@@ -22,7 +22,7 @@ from .boundary import boundary_warnings, check_boundaries
 from .budget import best_of_k, flattened
 from .curves import OBJECTIVE_TRAIN, curve_report, exempt_trials, overfitting_screen, regularizers, screen_warnings
 from .diagnostics import late_noise
-from .divergence import load_trials
+from .divergence import best_ranks, load_trials, without_outlier
 from .feasibility import (
     infeasible_summary,
     infeasible_warnings,
@@ -88,11 +88,8 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     study = queries.study_info(session, study_id)
     horizon = horizon_of(session, study)
     trials, stats = load_trials(session, study, horizon)
-    names = sorted({study.metric, OBJECTIVE_TRAIN})
-    ranks, curves = queries.best_trial_curves(session, study_id, study.mode, best_few, names)
-    feasible = {t.id for t in trials if t.feasible}
-    ranks = _rerank({tid: r for tid, r in ranks.items() if tid in feasible}, trials)
     sign = 1.0 if study.mode == "min" else -1.0
+    ranks, curves = best_curves(session, trials, study.metric, sign, best_few, [OBJECTIVE_TRAIN])
     arms = arm_summaries(trials, sign)
     best_ids = [a["best_trial_id"] for a in arms if a["best_trial_id"] is not None]
     fixed = {d.name: d.value for d in dimensions(study.spec) if d.role == "fixed"}
@@ -114,16 +111,19 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     )
 
 
-def _rerank(ranks: dict[int, int], trials: Sequence[TrialSummary]) -> dict[int, int]:
-    """Ranks within each arm again after trials judged diverged left the best few."""
-    arm_of = {t.id: t.arm_key for t in trials}
-    out: dict[int, int] = {}
-    per_arm: dict[str, int] = {}
-    for tid, _ in sorted(ranks.items(), key=lambda kv: kv[1]):
-        key = arm_of.get(tid, "")
-        per_arm[key] = per_arm.get(key, 0) + 1
-        out[tid] = per_arm[key]
-    return out
+def best_curves(
+    session: Session, trials: Sequence[TrialSummary], metric: str, sign: float, few: int, extra: Sequence[str] = ()
+) -> tuple[dict[int, int], dict[int, dict[str, Curve]]]:
+    """The best `few` feasible original trials of each arm as the analysis ranks them
+    (`divergence.best_ranks`: diverged trials and lone outlier evaluations left out), and their
+    curves of `metric` and `extra`, the objective without its outlier evaluation."""
+    ranks = best_ranks(trials, sign, few)
+    curves = queries.curves_of(session, sorted(ranks), sorted({metric, *extra}))
+    by_id = {t.id: t for t in trials}
+    for tid, series in curves.items():
+        if metric in series and tid in by_id:
+            series[metric] = without_outlier(by_id[tid], series[metric])
+    return ranks, curves
 
 
 def _clip_norm(settings: Mapping[str, Any]) -> float | None:
@@ -135,7 +135,8 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
     """Runs every check on loaded data (no database needed)."""
     sign, dims, trials, study = data.sign, data.dims, data.trials, data.study
     arms = arm_summaries(trials, sign)
-    boundary = check_boundaries(dims, trials, sign)
+    floors = noise_floors(arms, late_noise_by_arm(trials, data.stats.get(study.metric)))
+    boundary = check_boundaries(dims, trials, sign, noise=floors)
     infeasible = infeasible_summary(trials, dims, study.metric)
     exempt = exempt_trials(dims, trials)
     curves, curve_warns = curve_report(_ranked(data, arms), data.curves, study.metric, sign, data.horizon, exempt)
@@ -151,6 +152,7 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
     edge = instability_warnings(dims, trials, sign)
     warnings = [
         *infeasible_warnings(infeasible),
+        *outlier_warnings(trials, study.metric),
         *boundary_warnings(boundary, len(arms)),
         *edge,
         *loss_instability_warnings(dims, trials, sign, data.above_best, skip={w["param"] for w in edge}),
@@ -213,6 +215,49 @@ def budgets(
         if not flat:
             unflat.append((arm, facts))
     return out, _too_few(unflat, len(arms), metric)
+
+
+def noise_floors(arms: Sequence[Mapping[str, Any]], noise: Mapping[str, float]) -> dict[str, float]:
+    """Per arm key, the noise a difference between its trials must clear: the replica spread of
+    its best trial where measured (trial variance), else the evaluation noise of its best curves
+    (a lower bound on it)."""
+    out = {}
+    for arm in arms:
+        key = arm_key(arm["arm"])
+        floor = arm["replica_std"] if arm["replica_std"] is not None else noise.get(key)
+        if floor is not None:
+            out[key] = float(floor)
+    return out
+
+
+def late_noise_by_arm(trials: Sequence[TrialSummary], stats: queries.CurveStats | None) -> dict[str, float]:
+    """Per arm key, the median over its feasible original trials of the objective's late noise
+    (the spread of its last quarter around a line, from the curve statistics): every trial
+    measures it, so it is far steadier than the noise of the best few curves alone."""
+    if stats is None or not len(stats.trial_ids):
+        return {}
+    noise = dict(zip(stats.trial_ids.tolist(), stats.late_noise.tolist(), strict=True))
+    per_arm: dict[str, list[float]] = {}
+    for t in trials:
+        value = noise.get(t.id)
+        if t.feasible and t.replica_of is None and value is not None and math.isfinite(value):
+            per_arm.setdefault(t.arm_key, []).append(value)
+    return {key: float(np.median(values)) for key, values in per_arm.items()}
+
+
+def outlier_warnings(trials: Sequence[TrialSummary], metric: str) -> list[dict[str, Any]]:
+    """`outlier_evaluation` for each trial whose best evaluation was set aside as a lone outlier
+    (outliers.py): it is not the trial's best, and the person should look at that evaluation."""
+    out = []
+    for t in trials:
+        if t.outlier is not None and t.replica_of is None:
+            message = (
+                f"Trial {t.id}: {t.outlier} of {metric}, a lone outlier, so it is not taken as the trial's best (now "
+                f"{fmt(t.objective)} at step {fmt(t.best_step)}). Check that evaluation (a partial validation set, a "
+                "logging or evaluation bug) before trusting single evaluations of this study."
+            )
+            out.append(warning("outlier_evaluation", message, trial_id=t.id))
+    return out
 
 
 def evaluation_noise(data: StudyData) -> dict[str, float]:

@@ -55,7 +55,8 @@ def test_overfitting_needs_the_training_loss_to_fall() -> None:
     rising_train = Curve(planted.TRAIN_STEPS, np.linspace(0.5, 1.5, planted.TRAIN_STEPS.size))
     assert "overfitting" not in kinds(valid, flat_train)
     assert "overfitting" not in kinds(valid, rising_train)
-    assert "overfitting" in kinds(valid, None)  # judged on validation alone without a training curve
+    # without a training curve a rising validation curve may be divergence: never called overfitting (issue 19)
+    assert "overfitting" not in kinds(valid, None)
 
 
 def test_max_mode_is_oriented() -> None:

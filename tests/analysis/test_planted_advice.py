@@ -1,0 +1,129 @@
+"""Issue 19: no advice misleads. Planted studies fed through the worker protocol on SQLite and
+Postgres: a lone glitched evaluation, infeasible trials concentrated in one categorical value, an
+edge gap within the noise, a rising validation curve without a training loss, each with the exact
+set of warnings (and the detection case beside its false alarm where the rule is new)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import httpx
+import numpy as np
+
+from tests.analysis import planted
+from tests.analysis.protocol import API, Outcome, analysis, create, kinds, run_pending
+from tests.analysis.test_planted import spec, unit_lr
+
+ACTIVATION = {"name": "activation", "role": "nuisance", "type": "categorical", "values": ["relu", "gelu", "tanh"]}
+
+
+def _level(config: dict[str, Any]) -> float:
+    return 0.1 + 0.3 * (unit_lr(config) - 0.5) ** 2
+
+
+def test_a_glitched_evaluation_is_flagged_and_never_the_best(client: httpx.Client) -> None:
+    """One trial (not the best) logs a single evaluation of 0.0: it is flagged `outlier_evaluation`,
+    its best is its genuine best, it is not the study's best and is not called overfitting."""
+    glitched: set[int] = set()
+
+    def plant(config: dict[str, Any]) -> Outcome:
+        if config["number"] == 5:
+            glitched.add(config["trial_id"])
+            valid, train = planted.glitched(config["number"], _level(config) + 0.02)
+        else:
+            valid, train = planted.clean(config["number"], _level(config))
+        return Outcome({"valid/error_rate": valid, "train/loss": train})
+
+    study = create(client, spec("glitch", num_trials=12))
+    run_pending(client, plant)
+    result = analysis(client, study["id"])
+    assert kinds(result) == ["outlier_evaluation"]
+    (warning,) = result["warnings"]
+    assert {warning["trial_id"]} == glitched and "step 700 (0)" in warning["message"]
+    (arm,) = result["arms"]
+    assert arm["best_trial_id"] not in glitched and arm["best_value"] > 0.09
+    shown = client.get(f"{API}/studies/{study['id']}").json()
+    assert shown["best_trial_id"] == arm["best_trial_id"]
+    assert result["overfitting"]["flagged"] == 0
+
+
+def test_every_trial_of_one_categorical_value_infeasible_names_the_value(client: httpx.Client) -> None:
+    def plant(config: dict[str, Any]) -> Outcome:
+        if config["params"]["activation"] == "tanh":
+            return Outcome(fail=f"loss became NaN at step {100 + config['number']}", fail_step=100)
+        valid, train = planted.clean(config["number"], _level(config))
+        return Outcome({"valid/error_rate": valid, "train/loss": train})
+
+    body = spec("one-value-fails", num_trials=18)
+    body["hyperparameters"].insert(0, ACTIVATION)
+    study = create(client, body)
+    run_pending(client, plant)
+    result = analysis(client, study["id"])
+    assert kinds(result) == ["infeasible"]
+    (warning,) = result["warnings"]
+    assert warning["param"] == "activation" and "activation = tanh" in warning["message"]
+    assert "look for a bug" not in warning["message"]
+    value = result["infeasible"]["value"]
+    assert value["value"] == "tanh" and value["bad"] == value["n"] and value["bad_elsewhere"] == 0
+
+
+def test_infeasible_trials_spread_over_values_name_none(client: httpx.Client) -> None:
+    """False alarm: a third of the trials fail whatever their activation."""
+
+    def plant(config: dict[str, Any]) -> Outcome:
+        if config["number"] % 3 == 0:
+            return Outcome(fail="out of memory", fail_step=10)
+        valid, train = planted.clean(config["number"], _level(config))
+        return Outcome({"valid/error_rate": valid, "train/loss": train})
+
+    body = spec("spread-failures", num_trials=18)
+    body["hyperparameters"].insert(0, ACTIVATION)
+    study = create(client, body)
+    run_pending(client, plant)
+    result = analysis(client, study["id"])
+    assert kinds(result) == ["infeasible"] and result["infeasible"]["value"] is None
+    assert result["warnings"][0]["param"] != "activation" and "activation =" not in result["warnings"][0]["message"]
+
+
+def test_an_edge_gap_within_the_noise_is_no_boundary(client: httpx.Client) -> None:
+    """Weight decay does not matter but the trials in its top 10% are 0.004 better, about the
+    evaluation noise: the edge cluster is reported `within_noise`, with no warning. The same edge
+    0.05 better is flagged."""
+
+    def planter(gain: float) -> Any:
+        def plant(config: dict[str, Any]) -> Outcome:
+            wd = config["params"]["weight_decay"]
+            edge = math.log(wd / 1e-6) / math.log(1e4) > 0.9
+            valid, train = planted.clean(config["number"], 0.1 - (gain if edge else 0.0), noise=0.004)
+            return Outcome({"valid/error_rate": valid, "train/loss": train})
+
+        return plant
+
+    quiet = create(client, spec("edge-within-noise", num_trials=24))
+    run_pending(client, planter(0.004))
+    result = analysis(client, quiet["id"])
+    checks = {c["param"]: c for c in result["boundary"]}
+    assert checks["weight_decay"]["within_noise"] is True and checks["weight_decay"]["side"] is None
+    assert "boundary" not in kinds(result)
+    loud = create(client, spec("edge-beyond-noise", num_trials=24))
+    run_pending(client, planter(0.05))
+    result = analysis(client, loud["id"])
+    checks = {c["param"]: c for c in result["boundary"]}
+    assert checks["weight_decay"]["side"] == "max" and checks["weight_decay"]["gap"] > 0.04
+    assert [w["param"] for w in result["warnings"] if w["kind"] == "boundary"] == ["weight_decay"]
+
+
+def test_rising_validation_without_a_training_loss_is_not_overfitting(client: httpx.Client) -> None:
+    """The planted overfitting curves with no `train/loss` logged: nothing says the training loss
+    fell, so no overfitting is claimed (with it, test_planted flags every trial)."""
+
+    def plant(config: dict[str, Any]) -> Outcome:
+        valid, _ = planted.overfitting(config["number"], _level(config))
+        return Outcome({"valid/error_rate": valid})
+
+    study = create(client, spec("no-train-loss", num_trials=12))
+    run_pending(client, plant)
+    result = analysis(client, study["id"])
+    assert "overfitting" not in kinds(result) and result["overfitting"]["flagged"] == 0
+    assert np.isfinite(result["arms"][0]["best_value"])
