@@ -35,6 +35,8 @@ class ExecutionPolicy:
     workload_globs: tuple[str, ...] = ()
     command_prefixes: tuple[tuple[str, ...], ...] = ()
     builtin_workloads: frozenset[str] = BUILTIN_WORKLOADS
+    # fnmatch patterns on `trainer.env` names the operator allows beyond DEFAULT_ALLOWED_ENV.
+    env_globs: tuple[str, ...] = ()
 
     def workload_refusal(self, name: str) -> str | None:
         """None when `name` may run; otherwise the reason, naming the option that would allow it."""
@@ -64,12 +66,42 @@ class ExecutionPolicy:
             f"--allow-command / {COMMANDS_ENV} (argv prefixes such as 'python train.py')"
         )
 
-    def merged(self, workload_globs: Iterable[str] = (), command_prefixes: Iterable[str] = ()) -> ExecutionPolicy:
+    def env_refusal(self, env: object) -> EnvRefusal | None:
+        """None when a command may be given `trainer.env`; otherwise the first variable refused and why."""
+        if not isinstance(env, Mapping):
+            return EnvRefusal(None, "must be an object of NAME: value strings")
+        for name, value in env.items():
+            if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+                return EnvRefusal(None, f"{str(name)[:80]!r}: names must be letters, digits and _ (at most 128)")
+            if not isinstance(value, str) or len(value) > MAX_ENV_VALUE or "\0" in value:
+                return EnvRefusal(name, f"the value must be a string of at most {MAX_ENV_VALUE} characters")
+            if protected_env_name(name):
+                return EnvRefusal(
+                    name,
+                    "is set by the worker for every trial (devices, threads, ranks, hpo's and Ray's own); "
+                    "a study may not override it",
+                )
+            if name not in DEFAULT_ALLOWED_ENV and not any(fnmatch.fnmatchcase(name, g) for g in self.env_globs):
+                return EnvRefusal(
+                    name,
+                    f"is not allowed on this fleet; its operator may allow it with --allow-env / {ENV_ENV} "
+                    "(a variable can make an allowed program load other code, so none is allowed by default "
+                    "beyond the short list in docs/security.md)",
+                )
+        return None
+
+    def merged(
+        self,
+        workload_globs: Iterable[str] = (),
+        command_prefixes: Iterable[str] = (),
+        env_globs: Iterable[str] = (),
+    ) -> ExecutionPolicy:
         """This policy plus globs and shell-quoted command prefixes given as options."""
         return ExecutionPolicy(
             workload_globs=self.workload_globs + tuple(workload_globs),
             command_prefixes=self.command_prefixes + tuple(parse_command_prefix(p) for p in command_prefixes),
             builtin_workloads=self.builtin_workloads,
+            env_globs=self.env_globs + tuple(parse_env_glob(g) for g in env_globs),
         )
 
     @classmethod
@@ -78,31 +110,101 @@ class ExecutionPolicy:
         of argv prefixes (`[["python", "train.py"]]`) or shell-quoted prefixes separated by `;`."""
         env = os.environ if environ is None else environ
         globs = tuple(g.strip() for g in env.get(WORKLOADS_ENV, "").split(",") if g.strip())
-        return cls(workload_globs=globs, command_prefixes=parse_command_prefixes(env.get(COMMANDS_ENV, "")))
+        env_globs = tuple(parse_env_glob(g.strip()) for g in env.get(ENV_ENV, "").split(",") if g.strip())
+        return cls(
+            workload_globs=globs,
+            command_prefixes=parse_command_prefixes(env.get(COMMANDS_ENV, "")),
+            env_globs=env_globs,
+        )
 
 
-# Environment variables a study may not set for a command: each changes what code the allowed
-# program loads (the dynamic linker, interpreters' startup and search paths, shells' startup files)
-# or reaches hpo's and Ray's own settings, so allowing them would widen every allowed prefix.
+# `trainer.env` is an allow-list (docs/security.md, "trainer.env"): a study may set only the names
+# below, which tune a library's behaviour and cannot make an allowed program load other code, plus
+# whatever the operator allows with `--allow-env` / HPO_ALLOWED_ENV. A deny-list cannot work:
+# GIT_CONFIG_KEY_0=core.fsmonitor, GIT_SSH_COMMAND, PAGER, OPENSSL_CONF, TAR_OPTIONS, NCCL_*_PLUGIN
+# and proxies each run or load code through some library an allowed program happens to use.
+DEFAULT_ALLOWED_ENV: frozenset[str] = frozenset(
+    {
+        "CUBLAS_WORKSPACE_CONFIG",
+        "CUDA_LAUNCH_BLOCKING",
+        "HF_DATASETS_OFFLINE",
+        "HF_HUB_DISABLE_TELEMETRY",
+        "HF_HUB_OFFLINE",
+        "NCCL_DEBUG",
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "TF_CPP_MIN_LOG_LEVEL",
+        "TOKENIZERS_PARALLELISM",
+        "TORCH_DISTRIBUTED_DEBUG",
+        "TORCH_SHOW_CPP_STACKTRACES",
+        "TRANSFORMERS_OFFLINE",
+        "WANDB_MODE",
+        "WANDB_SILENT",
+    }
+)
+# What the worker, Ray and the launcher set for every trial (devices, threads, ranks, rendezvous,
+# hpo's own files, the search path hpo gives a workload): never a study's to change, whatever the
+# operator's globs allow, or `CUDA_VISIBLE_DEVICES` would take other trials' GPUs.
+PROTECTED_ENV: frozenset[str] = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "NEURON_RT_VISIBLE_CORES",
+        "TPU_VISIBLE_CHIPS",
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "PYTHONPATH",
+    }
+)
+_PROTECTED_PREFIXES = ("HPO_", "RAY_")
+_PROTECTED_SUFFIXES = ("_NUM_THREADS",)
+ENV_ENV = "HPO_ALLOWED_ENV"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_ENV_DENIED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "HPO_", "RAY_", "PERL", "RUBY", "NODE_", "JAVA_", "_JAVA", "GCONV")
-_ENV_DENIED = frozenset({"PATH", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "IFS", "HOME", "TMPDIR"})
+MAX_ENV_VALUE = 4096
 
 
-def env_refusal(env: object) -> str | None:
-    """None when `trainer.env` may be given to a command; otherwise why not."""
-    if not isinstance(env, Mapping):
-        return "must be an object of NAME: value strings"
-    for name, value in env.items():
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name) or not isinstance(value, str):
-            return f"{str(name)[:80]!r}: names must be letters, digits and _, values strings"
-        if name.upper() in _ENV_DENIED or name.upper().startswith(_ENV_DENIED_PREFIXES):
-            return f"{name} may not be set by a study (it changes what the allowed program loads)"
-    return None
+def protected_env_name(name: str) -> bool:
+    """Whether the worker or Ray owns `name` for every trial (a study may never set it)."""
+    upper = name.upper()
+    return upper in PROTECTED_ENV or upper.startswith(_PROTECTED_PREFIXES) or upper.endswith(_PROTECTED_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class EnvRefusal:
+    """Why `trainer.env` may not be given: `name` is the variable (None when the whole object is wrong)."""
+
+    name: str | None
+    reason: str
+
+    @property
+    def field(self) -> str:
+        return "trainer.env" if self.name is None else f"trainer.env.{self.name}"
+
+    def __str__(self) -> str:
+        return self.reason if self.name is None else f"{self.name}: {self.reason}"
 
 
 class PolicyError(ValueError):
     """An allow-list setting that cannot be read."""
+
+
+def parse_env_glob(text: str) -> str:
+    """An `--allow-env` / HPO_ALLOWED_ENV pattern: a variable name, or a glob of one (`WANDB_*`)."""
+    if not re.fullmatch(r"[A-Za-z0-9_*?\[\]!]{1,128}", text):
+        raise PolicyError(f"--allow-env / {ENV_ENV}: {text!r} is not a variable name or a glob of one")
+    return text
 
 
 def parse_command_prefix(text: str) -> tuple[str, ...]:

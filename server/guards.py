@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from hpo.policy import ExecutionPolicy, env_refusal
+from hpo.policy import ExecutionPolicy
 from hpo.trainer.config import TRAINING_HYPERPARAMETERS
 from hpo.trainer.config import TrainerSettings as _RunSettings
 
@@ -38,6 +38,7 @@ MAX_OPTIONS_BYTES = 64 * 1024
 MAX_DEPTH = 16
 MAX_COMMAND_ARGS = 256
 MAX_ARG_CHARS = 4096
+_ANY_ENV = ExecutionPolicy(env_globs=("*",))
 
 
 def trainer_value(spec: StudySpec, key: str) -> Any:
@@ -63,9 +64,11 @@ def trainer_errors(spec: StudySpec) -> Iterator[FieldError]:
         yield from _command_errors(command)
     env = trainer_value(spec, "env")
     if env is not None:
-        reason = env_refusal(env)
-        if reason is not None:
-            yield FieldError("trainer.env", reason)
+        # The shape and the names no study may set, whatever the operator allows; the operator's
+        # own allow-list is `policy_errors`.
+        refusal = _ANY_ENV.env_refusal(env)
+        if refusal is not None:
+            yield FieldError(refusal.field, refusal.reason)
     workdir = trainer_value(spec, "workdir")
     if workdir is not None and (not isinstance(workdir, str) or not 0 < len(workdir) <= MAX_ARG_CHARS):
         yield FieldError("trainer.workdir", f"must be a path of 1 to {MAX_ARG_CHARS} characters")
@@ -102,6 +105,11 @@ def policy_errors(spec: StudySpec, policy: ExecutionPolicy) -> list[FieldError]:
     reason = policy.workload_refusal(spec.trainer.workload)
     if reason:
         errors.append(FieldError("trainer.workload", reason))
+    env = trainer_value(spec, "env")
+    if env is not None:
+        refusal = policy.env_refusal(env)
+        if refusal is not None:
+            errors.append(FieldError(refusal.field, refusal.reason))
     return errors
 
 

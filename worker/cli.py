@@ -94,6 +94,30 @@ def _register_worker(subparsers: Any) -> None:
         "'/opt/venv/bin/python /srv/train.py'; repeatable; adds to $HPO_ALLOWED_COMMANDS; default none)",
     )
     parser.add_argument(
+        "--allow-env",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="studies may also set these trainer.env names (e.g. 'WANDB_*'; repeatable; adds to $HPO_ALLOWED_ENV). "
+        "Default: only the short list in docs/security.md; names the worker sets (devices, threads, ranks) never",
+    )
+    parser.add_argument(
+        "--run-as",
+        default=None,
+        metavar="USER|FIRST-LAST",
+        help="run trial processes as this user, or as one uid of this range per running trial (e.g. 20000-20063), "
+        "so a trial cannot read the worker's token or touch other trials (the worker must run as root; "
+        "docs/security.md). Default: the worker's own user",
+    )
+    parser.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="also give trial processes these variables of the worker's environment (e.g. NCCL_SOCKET_IFNAME, "
+        "'HF_*'; repeatable). Default: only the locale, PATH, library paths, devices and thread counts",
+    )
+    parser.add_argument(
         "--workdir-root",
         default=os.environ.get("HPO_WORKDIR_ROOT"),
         help="folder that trainer.workdir is relative to; commands run there (default $HPO_WORKDIR_ROOT or the "
@@ -136,6 +160,7 @@ def _run_worker(args: argparse.Namespace) -> int:
     from hpo.cli import CliError, Interrupted
     from hpo.server_url import ServerUrlError, probe, server_url
 
+    _reexec_without_secrets()
     try:
         args.server = server_url(args.server)
         reachable = probe(args.server)
@@ -155,6 +180,7 @@ def _run_worker(args: argparse.Namespace) -> int:
 
     quiet_logging(args.verbose, args.log_level)
     _scrub_secrets()
+    _warn_about_exposure(options)
     worker = Worker(options, lines=TrialLines())
     status = worker.run()
     if worker.stopped_by_signal == signal.SIGINT:
@@ -165,9 +191,46 @@ def _run_worker(args: argparse.Namespace) -> int:
     return status
 
 
-# Read into the options above, then removed from this process's environment before Ray starts:
-# Ray's worker processes, and so every trial's code, inherit it (docs/security.md).
+# Never in the worker's environment once it runs: /proc/<pid>/environ shows a process's environment
+# as it was started, whatever it removes later, so `hpo worker` re-executes itself without them,
+# handing the token over through a pipe (docs/security.md).
 SECRET_VARIABLES = ("HPO_API_TOKEN", "HPO_SESSION_SECRET", "HPO_DATABASE_URL")
+TOKEN_FD_VARIABLE = "HPO_WORKER_TOKEN_FD"
+
+
+def _reexec_without_secrets() -> None:
+    """Starts this command again, same pid, without SECRET_VARIABLES in its environment; the token
+    travels through an inherited pipe that `_token_from_pipe` reads and closes. Linux only (the
+    /proc exposure is Linux's); elsewhere the variables are only removed from os.environ."""
+    import sys
+
+    present = [name for name in SECRET_VARIABLES if name in os.environ]
+    if not present or not sys.platform.startswith("linux") or not getattr(sys, "orig_argv", None):
+        _scrub_secrets()
+        return
+    token = os.environ.get("HPO_API_TOKEN", "").encode()
+    read_end, write_end = os.pipe()
+    os.write(write_end, token)  # a token is far below a pipe's buffer: this never blocks
+    os.close(write_end)
+    os.set_inheritable(read_end, True)
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES}
+    env[TOKEN_FD_VARIABLE] = str(read_end)
+    os.execve(sys.executable, sys.orig_argv, env)
+
+
+def _token_from_pipe() -> str | None:
+    """The token `_reexec_without_secrets` handed over, read once; the pipe is closed after."""
+    fd = os.environ.pop(TOKEN_FD_VARIABLE, None)
+    if fd is None or not fd.isdigit():
+        return None
+    chunks = []
+    try:
+        while chunk := os.read(int(fd), 65536):
+            chunks.append(chunk)
+        os.close(int(fd))
+    except OSError:
+        return None
+    return b"".join(chunks).decode().strip() or None
 
 
 def _scrub_secrets() -> None:
@@ -176,27 +239,45 @@ def _scrub_secrets() -> None:
 
 
 def _worker_options(args: argparse.Namespace) -> Any:
+    import logging
     from pathlib import Path
 
     from hpo.cli import CliError
+    from hpo.lifetime import make_undumpable
     from hpo.policy import PolicyError
     from hpo.settings import Settings, SettingsError
 
+    from .confine import RunAs
     from .loop import WorkerOptions, default_worker_id
 
     try:
         settings = Settings.from_env()
-        policy = settings.execution_policy.merged(args.allow_workload, args.allow_command)
+        policy = settings.execution_policy.merged(args.allow_workload, args.allow_command, args.allow_env)
     except (SettingsError, PolicyError) as exc:
         raise CliError(str(exc)) from None
+    run_as = None
+    if args.run_as:
+        try:
+            run_as = RunAs.parse(args.run_as)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        if os.geteuid() != 0:
+            raise CliError("--run-as needs the worker to run as root (it starts trial processes as another user)")
     for name in ("num_cpus", "num_gpus", "max_trials"):
         value = getattr(args, name)
         if value is not None and value < (1 if name == "max_trials" else 0):
             raise CliError(f"--{name.replace('_', '-')} must be >= {1 if name == 'max_trials' else 0}, got {value}")
-    token = settings.api_token
+    token = _token_from_pipe() or settings.api_token
+    # From here on this process holds the token: keep its memory and environment from other
+    # processes of its user (a trial's, without --run-as).
+    make_undumpable()
     if args.token_file:
         try:
             token = Path(args.token_file).read_text().strip() or None
+            if Path(args.token_file).stat().st_mode & 0o077:
+                logging.getLogger("hpo.worker").warning(
+                    "--token-file %s is readable by other users: chmod 600 it", args.token_file
+                )
         except OSError as exc:
             raise CliError(f"--token-file: {exc}") from None
     if args.workdir_root and not Path(args.workdir_root).is_dir():
@@ -217,8 +298,23 @@ def _worker_options(args: argparse.Namespace) -> Any:
         policy=policy,
         workdir_root=Path(args.workdir_root) if args.workdir_root else None,
         stop_grace_seconds=args.stop_grace_seconds,
+        run_as=run_as,
+        pass_env=tuple(args.pass_env),
         log_to_driver=bool(getattr(args, "verbose", False)),  # the trials' own output only with -v
     )
+
+
+def _warn_about_exposure(options: Any) -> None:
+    """Says at start what a trial's code could read on this node, where that is more than its own
+    trial (docs/security.md, "What a trial's code can reach")."""
+    import logging
+
+    log = logging.getLogger("hpo.worker")
+    if options.run_as is None and os.geteuid() == 0:
+        log.warning(
+            "trials run as root: their code can read this node's files and processes, the worker's token "
+            "included; give them a user of their own with --run-as (docs/security.md)"
+        )
 
 
 def _run_demo(args: argparse.Namespace) -> int:

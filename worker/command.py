@@ -42,6 +42,7 @@ from hpo.lifetime import die_with_parent
 from hpo.trainer.config import Objective
 from hpo.trainer.retention import kept_steps
 
+from .confine import Identity, children_of, hand_over, kill_descendants, seal, trial_environment
 from .reporter import MetricsTail
 
 _log = logging.getLogger("hpo.worker.command")
@@ -55,8 +56,7 @@ STDOUT_FILE, STDERR_FILE = "stdout.log", "stderr.log"
 # folder (`.step-100.pt.tmp`, `step-100.pt.tmp123`, `tmp-...`) is a write in progress.
 CHECKPOINT_NAME = re.compile(r"^step-(\d+)((?:\.[A-Za-z0-9_-]+){0,3})$")
 _TEMPORARY = {"tmp", "temp", "part", "partial", "incomplete"}
-# Environment the command must not inherit from the process that runs it: the worker's own hpo
-# settings (its API token, the database URL) and any launcher variables of another run.
+# What the launcher sets for each process of a multi-process trial.
 TORCHRUN_VARIABLES = (
     "RANK",
     "LOCAL_RANK",
@@ -94,6 +94,10 @@ class CommandSettings:
     out_dir: Path
     rank: int = 0
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # Confinement (worker/confine.py): the user the command runs as (None: the worker's), and the
+    # operator's `--pass-env` globs of the worker's environment it may see.
+    identity: Identity | None = None
+    pass_env: tuple[str, ...] = ()
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
     silence_timeout_seconds: float = DEFAULT_SILENCE_TIMEOUT_SECONDS
     poll_seconds: float = 0.05
@@ -124,17 +128,10 @@ def resolve_workdir(root: Path, workdir: str | None) -> Path:
     return path
 
 
-def command_environment(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """`base` without any `HPO_*` or launcher variable, plus `extra`."""
-    env = {k: v for k, v in base.items() if not k.startswith("HPO_") and k not in TORCHRUN_VARIABLES}
-    env.update(extra)
-    return env
-
-
 def spec_environment(trainer: Mapping[str, Any], launcher: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What a command gets beyond the worker's environment: the spec's `trainer.env` (already
-    refused by hpo.policy.env_refusal on the server and the worker when it names a loader, `PATH`,
-    `HPO_*` or `RAY_*`), under the launcher's torchrun variables, which it cannot override."""
+    """What a command gets beyond the allow-listed part of the worker's environment: the spec's
+    `trainer.env` (checked against the operator's allow-list by hpo.policy on the server and the
+    worker), under the launcher's torchrun variables, which it cannot override."""
     return {**{str(k): str(v) for k, v in (trainer.get("env") or {}).items()}, **(launcher or {})}
 
 
@@ -192,23 +189,37 @@ class CommandRun:
         self.last_step: int | None = None
         self.last_activity = time.monotonic()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._present: set[int] = set()  # this process's children before the command started
 
     # -- the run ---------------------------------------------------------------------------------
 
     def run(self) -> CommandResult:
-        self.start()
-        stop_reason, kill_at = self.supervise()
-        returncode = self._wait_and_reap(kill_at)
-        self.poll_files()
+        try:
+            self.start()
+            stop_reason, kill_at = self.supervise()
+            returncode = self._wait_and_reap(kill_at)
+            kill_descendants(spare=self._present)
+            self.poll_files()
+        finally:
+            # Whatever happened, nothing the command started outlives the attempt, and its files
+            # are nobody's to write once it is over (worker/confine.py).
+            kill_descendants(spare=self._present)
+            seal(self.s.out_dir)
         return self.verdict(returncode, stop_reason)
 
     def start(self) -> None:
         out = self.s.out_dir
         config_path = write_config(out, self.config)
         ours = {"HPO_CONFIG": str(config_path), "HPO_OUT_DIR": str(out)}
-        env = command_environment(os.environ, {**self.s.extra_env, **ours})
+        identity = self.s.identity
+        env = trial_environment(os.environ, {**self.s.extra_env, **ours}, self.s.pass_env, identity)
+        as_user: dict[str, Any] = {}
+        if identity is not None:
+            as_user = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
+        self._present = set(children_of(os.getpid()))
         # Output goes to files, not pipes: nothing to drain, and the tail survives for the reason.
         with (out / STDOUT_FILE).open("ab") as stdout, (out / STDERR_FILE).open("ab") as stderr:
+            hand_over(out, identity)
             self.proc = subprocess.Popen(
                 list(self.s.argv),
                 cwd=self.s.cwd,
@@ -218,6 +229,7 @@ class CommandRun:
                 stderr=stderr,
                 start_new_session=True,
                 preexec_fn=functools.partial(_child_setup, node_niceness()),
+                **as_user,
             )
         self.last_activity = time.monotonic()
 
@@ -248,7 +260,8 @@ class CommandRun:
 
     def _wait_and_reap(self, kill_at: float | None) -> int:
         """The main process's exit status; whatever else is left in its process group (children
-        that outlived it) is killed now: the trial is over."""
+        that outlived it) is killed now, and `run` kills every other descendant after: the trial
+        is over."""
         assert self.proc is not None
         returncode = self.proc.wait()
         self.signal_group(signal.SIGKILL)
@@ -319,9 +332,12 @@ class CommandRun:
 
     def verdict(self, returncode: int, stop_reason: str | None) -> CommandResult:
         step = self.last_step
-        infeasible = read_infeasible(self.s.out_dir / RESULT_FILE)
-        if infeasible is not None:
-            return CommandResult("infeasible", infeasible, step)
+        declared = read_result(self.s.out_dir / RESULT_FILE)
+        declared_error = None
+        if declared is not None and declared[0] == "error":
+            declared_error = declared[1]  # the program's own account of its failure (a traceback)
+        elif declared is not None:
+            return CommandResult(declared[0], declared[1], step)
         if stop_reason == "stop":
             return CommandResult("stopped", "stopped on request", step)
         if stop_reason == "silent":
@@ -331,6 +347,8 @@ class CommandRun:
                 f"(trainer.silence_timeout_seconds), so it was stopped{self._stderr_tail()}",
                 step,
             )
+        if declared_error is not None:
+            return CommandResult("error", declared_error, step)
         if returncode == 0:
             resumed = (self.config.get("trainer") or {}).get("resume_from")
             if self.sink is not None and self.points == 0 and not resumed:
@@ -350,14 +368,23 @@ class CommandRun:
         return f"; last lines of its stderr:\n{lines}" if lines else ""
 
 
-def read_infeasible(path: Path) -> str | None:
-    """The reason in `result.json` when it says `{"status": "infeasible"}`, else None."""
+def read_result(path: Path) -> tuple[str, str] | None:
+    """`(status, reason)` when `result.json` says `{"status": "infeasible"}` (a property of the
+    point: never retried), `{"status": "config"}` (the program refuses its configuration: never
+    retried either) or `{"status": "error"}` (the program's account of its failure: retried, unless
+    a stop request explains the end); None otherwise (the exit status decides)."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if isinstance(raw, dict) and raw.get("status") == "infeasible":
-        return str(raw.get("reason") or "the script reported the point infeasible")[:8000]
+    if not isinstance(raw, dict):
+        return None
+    if raw.get("status") == "infeasible":
+        return "infeasible", str(raw.get("reason") or "the script reported the point infeasible")[:8000]
+    if raw.get("status") == "config":
+        return "config", str(raw.get("reason") or "the script refused its configuration")[:8000]
+    if raw.get("status") == "error" and raw.get("reason"):
+        return "error", str(raw["reason"])[:12000]
     return None
 
 

@@ -31,11 +31,12 @@ from typing import Any
 
 import ray
 
-from hpo.policy import ExecutionPolicy, env_refusal
+from hpo.policy import ExecutionPolicy
 
 from .capacity import Capacity, Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
 from .command import DEFAULT_STOP_GRACE_SECONDS
+from .confine import RunAs
 from .console import TrialLines
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import Outcome, create_board, launch, outcome_of_exception
@@ -86,6 +87,11 @@ class WorkerOptions:
     # (default: the current directory), and how long a stopped command gets before SIGKILL.
     workdir_root: Path | None = None
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
+    # Confinement (worker/confine.py, docs/security.md): trial processes run as this user or uid
+    # range (None: the worker's user), and see these globs of the worker's environment beyond the
+    # fixed allow-list.
+    run_as: RunAs | None = None
+    pass_env: tuple[str, ...] = ()
 
 
 @dataclass
@@ -339,6 +345,8 @@ class Worker:
             opts.flush_seconds,
             opts.trainer,
             opts.stop_grace_seconds,
+            opts.run_as,
+            opts.pass_env,
         )
         # Ray Train's driver side, loaded here rather than inside the first DDP trial's start.
         importlib.import_module("ray.train.torch")
@@ -385,9 +393,9 @@ def execution_refusal(config: dict[str, Any], policy: ExecutionPolicy) -> str | 
         if reason is not None:
             return f"trainer.command: {reason}"
     if trainer.get("env") is not None:
-        reason = env_refusal(trainer["env"])
-        if reason is not None:
-            return f"trainer.env: {reason}"
+        refusal = policy.env_refusal(trainer["env"])
+        if refusal is not None:
+            return f"{refusal.field}: {refusal.reason}"
     workload = trainer.get("workload", "synthetic_mlp")
     if not isinstance(workload, str):
         return "trainer.workload must be a string"
@@ -397,14 +405,15 @@ def execution_refusal(config: dict[str, Any], policy: ExecutionPolicy) -> str | 
 
 @ray.remote(num_cpus=1, max_retries=0)
 def _warm() -> int:
-    import hpo.trainer.loop  # noqa: F401  (the import is the work: torch and the trainer load once per process)
+    import hpo.worker.runner  # noqa: F401  (the import is the work: a trial's supervisor loads once per process)
 
     return os.getpid()
 
 
 def warm_up(timeout: float = 60.0) -> None:
-    """Starts one Ray worker process per CPU (up to 16) with torch and the trainer imported, so the
-    first trials start in milliseconds instead of seconds (Ray reuses idle worker processes)."""
+    """Starts one Ray worker process per CPU (up to 16) with a trial's supervisor imported, so a
+    trial's own process starts at once after its claim (Ray reuses idle worker processes for the
+    supervisors; trial code always gets a process of its own, worker/confine.py)."""
     slots = int(min(16, ray.cluster_resources().get("CPU", 1)))
     refs = [_warm.remote() for _ in range(max(1, slots))]
     ray.wait(refs, num_returns=len(refs), timeout=timeout)

@@ -2,7 +2,11 @@
 
 One process (`resources.workers == 1`): a plain Ray task, which starts in milliseconds on a warm
 worker process. Several processes: Ray Train's `TorchTrainer` (DDP; gloo on CPU, NCCL on GPU),
-whose `fit()` blocks, so it runs on a driver thread. Both end in an `Outcome` that the driver turns
+whose `fit()` blocks, so it runs on a driver thread. Either way the Ray process only supervises:
+the trial's code (its command, or the workload's trainer through `hpo.worker.trial_main`) runs in a
+process started for this attempt alone and killed with all its descendants when the attempt ends
+(worker/confine.py), so no trial's code ever runs in a process that Ray reuses or that holds a
+connection to the cluster. Both end in an `Outcome` that the driver turns
 into `complete` or `fail`. Ray never retries (`max_retries=0`, `FailureConfig(max_failures=0)`):
 retries are the server's business, with their attempt accounting.
 
@@ -14,17 +18,20 @@ since `fit()` returns no value from the training function."""
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
+import contextlib
 import logging
+import os
 import socket
+import sys
 import time
-import traceback
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import ray
+
+from hpo.lifetime import become_subreaper, make_undumpable
 
 from .client import ServerClient
 from .command import (
@@ -35,6 +42,7 @@ from .command import (
     is_command,
     spec_environment,
 )
+from .confine import ConfinementError, Identity, RunAs
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS, HttpReporter, Undelivered
 
 _log = logging.getLogger("hpo.worker.runner")
@@ -66,6 +74,10 @@ class TrialJob:
     # stopped command may take to checkpoint and exit before its process group is killed.
     command_cwd: str = ""
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
+    # Confinement (worker/confine.py): the user trial processes run as, and the worker environment
+    # variables (globs) the operator passes to them beyond the fixed allow-list.
+    run_as: RunAs | None = None
+    pass_env: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -154,18 +166,81 @@ class BoardPoller:
         return self.reason is not None
 
 
-def run_rank(job: TrialJob, rank: int) -> Outcome | None:
-    """Trains on one rank; rank 0 reports over HTTP and answers the Outcome, other ranks None.
-    Rank 0 never raises: user-code exceptions become `error`, ConfigError `config`."""
-    if is_command(job.config):
-        return run_command_rank(job, rank)
+def run_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | None = None) -> Outcome | None:
+    """Runs one process of the trial, in a process of its own (worker/confine.py): its command, or
+    the workload's trainer through `hpo.worker.trial_main`. Rank 0 tails its files into an
+    `HttpReporter` and answers the Outcome; another rank writes under `out_dir/ranks/rank-<r>` (only
+    rank 0's files count), answers None, and raises when its process failed, so that Ray Train
+    ends the group instead of rank 0 waiting in a collective."""
     started = time.time()
-    out_dir = Path(job.out_dir)
-    if rank != 0:
-        load_trainer(job.trainer)[0](job.config, out_dir, None)
-        return None
-    reporter = _rank0_reporter(job, out_dir, BoardPoller(job.board, job.lease_id))
-    return _closed(_guarded_train(job, out_dir, reporter), reporter, started)
+    out_dir = Path(job.out_dir) if rank == 0 else Path(job.out_dir) / "ranks" / f"rank-{rank}"
+    poller = BoardPoller(job.board, job.lease_id)
+    try:
+        with _identity(job) as identity:
+            settings = _process_settings(job, rank, out_dir, launcher_env, identity)
+            if rank != 0:
+                result = CommandRun(settings, job.config, _BoardStop(poller), None).run()
+                if result.status == "error":
+                    raise RuntimeError(f"trial {job.trial_id} rank {rank}: {result.reason}")
+                return None
+            reporter = _rank0_reporter(job, out_dir, poller)
+            try:
+                result = CommandRun(settings, job.config, reporter, reporter).run()
+                outcome = Outcome(result.status, result.reason, result.step)
+            except OSError as exc:  # the program is missing or not executable on this node
+                outcome = Outcome("error", f"could not start the command {settings.argv[0]!r}: {exc}")
+            return _closed(outcome, reporter, started)
+    except ConfinementError as exc:
+        if rank != 0:
+            raise
+        return Outcome("error", f"could not confine the trial on this node: {exc}")
+
+
+@contextlib.contextmanager
+def _identity(job: TrialJob) -> Iterator[Identity | None]:
+    if job.run_as is None:
+        yield None
+    else:
+        with job.run_as.take() as identity:
+            yield identity
+
+
+def trial_argv(job: TrialJob) -> tuple[str, ...]:
+    """The trial's program: its `trainer.command`, or this Python running the workload's trainer."""
+    command = (job.config.get("trainer") or {}).get("command")
+    if command:
+        return tuple(str(a) for a in command)
+    return (sys.executable, "-m", "hpo.worker.trial_main", job.trainer)
+
+
+def _process_settings(
+    job: TrialJob, rank: int, out_dir: Path, launcher_env: dict[str, str] | None, identity: Identity | None
+) -> CommandSettings:
+    trainer = job.config.get("trainer") or {}
+    extra = spec_environment(trainer, launcher_env)
+    if not is_command(job.config):
+        # A workload imports from where this process imports (the worker's package, the operator's
+        # modules): hpo sets the search path, never the spec (hpo.policy.PROTECTED_ENV).
+        extra["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return CommandSettings(
+        argv=trial_argv(job),
+        cwd=Path(job.command_cwd) if is_command(job.config) and job.command_cwd else out_dir,
+        out_dir=out_dir,
+        rank=rank,
+        extra_env=extra,
+        identity=identity,
+        pass_env=job.pass_env,
+        stop_grace_seconds=job.stop_grace_seconds,
+        silence_timeout_seconds=float(trainer.get("silence_timeout_seconds") or DEFAULT_SILENCE_TIMEOUT_SECONDS),
+    )
+
+
+def _supervise_here() -> None:
+    """Makes the Ray worker process that runs a trial its processes' reaper (a daemon that
+    `setsid`s and double-forks is re-parented here and killed with the attempt), and keeps its
+    memory and environment (the trial token, Ray's own variables) from other processes of its user."""
+    become_subreaper()
+    make_undumpable()
 
 
 def _rank0_reporter(job: TrialJob, out_dir: Path, poller: BoardPoller) -> HttpReporter:
@@ -199,66 +274,9 @@ class _BoardStop:
         return self.poller()
 
 
-def run_command_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | None = None) -> Outcome | None:
-    """Runs `trainer.command` for one rank (worker/command.py). Rank 0 tails its files into an
-    `HttpReporter` and answers the Outcome; another rank writes under `out_dir/ranks/rank-<r>` (only
-    rank 0's files count), answers None, and raises when its process failed, so that Ray Train
-    ends the group instead of rank 0 waiting in a collective."""
-    started = time.time()
-    trainer = job.config.get("trainer") or {}
-    out_dir = Path(job.out_dir) if rank == 0 else Path(job.out_dir) / "ranks" / f"rank-{rank}"
-    settings = CommandSettings(
-        argv=tuple(str(a) for a in trainer["command"]),
-        cwd=Path(job.command_cwd or "."),
-        out_dir=out_dir,
-        rank=rank,
-        extra_env=spec_environment(trainer, launcher_env),
-        stop_grace_seconds=job.stop_grace_seconds,
-        silence_timeout_seconds=float(trainer.get("silence_timeout_seconds") or DEFAULT_SILENCE_TIMEOUT_SECONDS),
-    )
-    poller = BoardPoller(job.board, job.lease_id)
-    if rank != 0:
-        result = CommandRun(settings, job.config, _BoardStop(poller), None).run()
-        if result.status == "error":
-            raise RuntimeError(f"trial {job.trial_id} rank {rank}: {result.reason}")
-        return None
-    reporter = _rank0_reporter(job, out_dir, poller)
-    try:
-        result = CommandRun(settings, job.config, reporter, reporter).run()
-        outcome = Outcome(result.status, result.reason, result.step)
-    except OSError as exc:  # the program is missing or not executable on this node
-        outcome = Outcome("error", f"could not start the command {settings.argv[0]!r}: {exc}")
-    return _closed(outcome, reporter, started)
-
-
-def load_trainer(entry: str) -> tuple[Callable[..., Any], type[BaseException]]:
-    """`module:function` → the train function and its module's `ConfigError` (or hpo.trainer's).
-    The default is `hpo.trainer:train`; any function with that contract may stand in."""
-    module_name, _, function = entry.partition(":")
-    module = importlib.import_module(module_name)
-    config_error = getattr(module, "ConfigError", None)
-    if config_error is None:
-        config_error = importlib.import_module("hpo.trainer").ConfigError
-    return getattr(module, function or "train"), config_error
-
-
-def _guarded_train(job: TrialJob, out_dir: Path, reporter: HttpReporter) -> Outcome:
-    try:
-        train, config_error = load_trainer(job.trainer)
-        try:
-            result = train(job.config, out_dir, reporter)
-        except config_error as exc:
-            return Outcome("config", str(exc))
-    except Exception as exc:
-        return Outcome("error", describe(exc))
-    status = str(getattr(result, "status", "error"))
-    if status not in OUTCOME_STATUSES:
-        return Outcome("error", f"trainer answered unknown status {status!r}")
-    return Outcome(status, str(getattr(result, "reason", "") or ""), getattr(result, "step", None))
-
-
 @ray.remote(max_retries=0)
 def _trial_process(job: TrialJob) -> Outcome | None:
+    _supervise_here()
     return run_rank(job, 0)
 
 
@@ -270,10 +288,8 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
     job: TrialJob = loop_config["job"]
     context = ray_train.get_context()
     rank = context.get_world_rank()
-    if is_command(job.config):
-        outcome = run_command_rank(job, rank, _torchrun_environment(job, context))
-    else:
-        outcome = run_rank(job, rank)
+    _supervise_here()
+    outcome = run_rank(job, rank, _torchrun_environment(job, context))
     if outcome is not None:
         ray.get(job.board.put_outcome.remote(job.lease_id, outcome))
         if outcome.status in ("error", "config"):
@@ -281,7 +297,7 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
 
 
 def _torchrun_environment(job: TrialJob, context: Any, timeout: float = 120.0) -> dict[str, str]:
-    """The variables `torchrun` sets, for a command's own `init_process_group`. Rank 0 picks a free
+    """The variables `torchrun` sets, for the trial process's own `init_process_group`. Rank 0 picks a free
     port on its node (Ray Train's own process group holds the one in this process's MASTER_PORT)
     and leaves it on the board; the other ranks wait for it there."""
     rank = context.get_world_rank()
@@ -380,13 +396,6 @@ def fit_ddp(job: TrialJob) -> None:
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=job.collective_timeout_s),
     )
     trainer.fit()
-
-
-def describe(exc: BaseException) -> str:
-    """The exception in one line, then its traceback, within the server's 20,000 characters."""
-    summary = "".join(traceback.format_exception_only(exc)).strip()
-    trace = "".join(traceback.format_exception(exc))
-    return f"{summary[:2000]}\n\n{trace[-8000:]}"
 
 
 def outcome_of_exception(exc: BaseException) -> Outcome:

@@ -14,6 +14,7 @@ from .artifacts import ArtifactPathError, attempt_dir, fallback_checkpoint, rela
 from .capacity import Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
 from .command import DEFAULT_STOP_GRACE_SECONDS, is_command, resolve_workdir
+from .confine import RunAs
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import Execution, Outcome, TrialJob
 
@@ -36,6 +37,8 @@ class JobSettings:
     flush_seconds: float = FLUSH_SECONDS
     trainer: str = "hpo.trainer:train"
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
+    run_as: RunAs | None = None
+    pass_env: tuple[str, ...] = ()
 
 
 def build_job(claim: dict[str, Any], settings: JobSettings) -> TrialJob:
@@ -74,6 +77,8 @@ def build_job(claim: dict[str, Any], settings: JobSettings) -> TrialJob:
         flush_seconds=settings.flush_seconds,
         trainer=settings.trainer,
         stop_grace_seconds=settings.stop_grace_seconds,
+        run_as=settings.run_as,
+        pass_env=settings.pass_env,
     )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpo.session import Session
-from hpo.worker.command import list_checkpoints, read_infeasible
+from hpo.worker.command import list_checkpoints, read_result
 from hpo.worker.reporter import MetricsTail
 
 
@@ -90,7 +90,7 @@ def test_infeasible_writes_result_json_and_exits(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exit_:
         s.infeasible("loss NaN at step 7")
     assert exit_.value.code == 0
-    assert read_infeasible(tmp_path / "out" / "result.json") == "loss NaN at step 7"
+    assert read_result(tmp_path / "out" / "result.json") == ("infeasible", "loss NaN at step 7")
 
 
 def test_sigterm_sets_should_stop_and_keeps_an_earlier_handler(tmp_path: Path) -> None:

@@ -18,11 +18,11 @@ from hpo.worker.command import (
     CommandRun,
     CommandSettings,
     checkpoint_step,
-    command_environment,
     list_checkpoints,
     resolve_workdir,
     spec_environment,
 )
+from hpo.worker.confine import Identity, trial_environment
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,10 +186,36 @@ def test_the_script_dies_when_the_process_running_it_is_killed(tmp_path: Path) -
     assert metrics.stat().st_size == size, "the script went on after the runner died"
 
 
-def test_the_environment_carries_no_token_and_the_launcher_variables_given() -> None:
-    base = {"PATH": "/bin", "HPO_API_TOKEN": "secret", "HPO_DATABASE_URL": "postgresql://u:pw@h/db", "RANK": "3"}
-    env = command_environment(base, {"HPO_OUT_DIR": "/o", "RANK": "1"})
-    assert env == {"PATH": "/bin", "HPO_OUT_DIR": "/o", "RANK": "1"}
+def test_the_environment_is_an_allow_list_of_the_workers_and_carries_the_launcher_variables_given() -> None:
+    base = {
+        "PATH": "/bin",
+        "LC_ALL": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "2",
+        "HOME": "/home/w",
+        "HPO_API_TOKEN": "secret",
+        "HPO_DATABASE_URL": "postgresql://u:pw@h/db",
+        "RAY_AUTH_TOKEN": "ray-secret",
+        "AWS_SECRET_ACCESS_KEY": "cloud-secret",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "RANK": "3",
+    }
+    env = trial_environment(base, {"HPO_OUT_DIR": "/o", "RANK": "1"})
+    assert env == {
+        "PATH": "/bin",
+        "LC_ALL": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "2",
+        "HOME": "/home/w",
+        "HPO_OUT_DIR": "/o",
+        "RANK": "1",
+    }
+    # The operator may pass more of the node's variables, never hpo's or Ray's own.
+    passed = trial_environment(base, {}, ("NCCL_*", "RAY_*", "HPO_*"))
+    assert passed["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert not {"RAY_AUTH_TOKEN", "HPO_API_TOKEN", "HPO_DATABASE_URL"} & set(passed)
+    other = Identity(uid=20001, gid=20001, name="hpo-trial-20001", home="/nonexistent")
+    assert trial_environment(base, {}, (), other)["HOME"] == "/nonexistent"
 
 
 def test_the_specs_env_reaches_the_command_under_the_launchers_variables() -> None:

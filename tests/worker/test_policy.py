@@ -130,5 +130,9 @@ def test_commands_and_workloads_are_checked_against_the_policy() -> None:
     assert "--allow-command" in (execution_refusal({"trainer": {"command": ["python", "evil.py"]}}, policy) or "")
     assert "list of strings" in (execution_refusal({"trainer": {"command": "python train.py"}}, policy) or "")
     assert "LD_PRELOAD" in (execution_refusal({"trainer": {"env": {"LD_PRELOAD": "/tmp/x.so"}}}, policy) or "")
-    harmless = {"trainer": {"command": ["python", "train.py"], "env": {"SEED_NOTE": "a"}}}
+    harmless = {"trainer": {"command": ["python", "train.py"], "env": {"WANDB_MODE": "offline"}}}
     assert execution_refusal(harmless, policy) is None
+    # An allow-list: a name neither on the short list nor allowed by the operator is refused.
+    assert "--allow-env" in (execution_refusal({"trainer": {"env": {"SEED_NOTE": "a"}}}, policy) or "")
+    allowing = ExecutionPolicy(env_globs=("SEED_*",))
+    assert execution_refusal({"trainer": {"env": {"SEED_NOTE": "a"}}}, allowing) is None
