@@ -14,9 +14,10 @@ preimage search on SHA-256 of a 256-bit secret is out of reach, so a slow passwo
 slow every request down.
 
 A trial token (`hpot.<trial>.<lease>.<mac>`) is what a trial process carries instead of the worker's
-token: it may post metrics and checkpoints for that one trial, and only while its lease is current
-(the writes are lease-fenced), so code running inside a trial can do nothing it could not do by
-writing its own metrics file.
+token: it may post metrics and checkpoints for that one trial, under its own lease only (the routes
+compare the body's `lease_id` with the token's), and only while that lease is current and the trial
+runs (the writes are lease-fenced), so it stops working when its attempt ends, and code running
+inside a trial can do nothing it could not do by writing its own metrics file.
 
 A dashboard session is a row keyed by the SHA-256 of a random id that the cookie carries: sign-out
 deletes it, revoking the token ends it, and every server process sharing the database sees either

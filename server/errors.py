@@ -51,6 +51,10 @@ class Conflict(HpoError):
     """The request is valid but the resource's state refuses it, e.g. a finished trial (HTTP 409)."""
 
 
+class Forbidden(HpoError):
+    """The caller's credential may not do this, e.g. a trial token writing under another lease (HTTP 403)."""
+
+
 class LeaseLost(Conflict):
     """A worker wrote with a lease that is no longer its own (HTTP 409); it must stop that run."""
 

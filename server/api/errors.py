@@ -15,12 +15,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..errors import AlreadyExists, Conflict, FieldError, HpoError, InvalidInput, NotFound, StorageError
+from ..errors import AlreadyExists, Conflict, FieldError, Forbidden, HpoError, InvalidInput, NotFound, StorageError
 
 _log = logging.getLogger("hpo.server")
 
 _STATUS: dict[type[HpoError], int] = {
     InvalidInput: 422,
+    Forbidden: 403,
     NotFound: 404,
     AlreadyExists: 409,
     Conflict: 409,

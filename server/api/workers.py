@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from .. import leases, results
+from ..errors import Forbidden
 from ..schemas import (
     CheckpointIn,
     Claim,
@@ -56,13 +57,24 @@ async def metrics(request: Request, db: DatabaseDep, trial_id: TrialId) -> Respo
         body = MetricsIn.model_validate_json(await request.body())
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+    _check_trial_token(request, body.lease_id)
     answer = await run_in_threadpool(results.record_metrics, db, trial_id, body.lease_id, body.points)
     return Response(answer.model_dump_json(), media_type="application/json")
 
 
 @router.post("/trials/{trial_id}/checkpoints", status_code=status.HTTP_201_CREATED)
-def checkpoint(db: DatabaseDep, trial_id: TrialId, body: CheckpointIn) -> dict[str, int]:
+def checkpoint(request: Request, db: DatabaseDep, trial_id: TrialId, body: CheckpointIn) -> dict[str, int]:
+    _check_trial_token(request, body.lease_id)
     return {"checkpoint_id": results.record_checkpoint(db, trial_id, body.lease_id, body)}
+
+
+def _check_trial_token(request: Request, lease_id: str) -> None:
+    """A trial token writes only under the lease it was issued for. With the write's own fencing
+    (that lease must be the running trial's current one, else 409, checked in the write's
+    transaction), the token stops working when its attempt ends, at no extra query."""
+    principal = getattr(request.state, "principal", None)
+    if principal is not None and principal.role == "trial" and principal.lease_id != lease_id:
+        raise Forbidden(f"this trial token belongs to lease {principal.lease_id}, not {lease_id}")
 
 
 @router.post("/trials/{trial_id}/complete")
