@@ -76,10 +76,17 @@ def _summary(group: list[TrialSummary], replicas_of: Mapping[int, list[TrialSumm
 
 def replica_stats(replicas: Sequence[TrialSummary]) -> dict[str, Any]:
     """Statistics of the finished replicas of one trial, the selected original excluded:
-    `n_replicas` (feasible ones), `n_replicas_infeasible`, `replica_values`, `replica_mean` (one or
-    more), `replica_std` and `replica_ci` (a t interval of the mean; two or more)."""
+    `n_replicas` (feasible ones), `n_replicas_infeasible`, `n_replicas_failed` (diverged,
+    infeasible or failed) and `replicas_diverged` (`"k of n diverged"` over the finished ones),
+    `replica_values`, `replica_mean` (one or more), `replica_std` and `replica_ci` (a t interval of
+    the mean; two or more), all over the surviving replicas."""
     values = [float(t.objective or 0.0) for t in replicas if t.feasible]
     n = len(values)
+    # Playbook (002), "Determining whether to adopt a training pipeline change": a replica is a rerun
+    # of the same configuration, so one that diverges or fails is a property of that configuration
+    # (DESIGN.md: "a replica that diverges counts against its configuration"), never left out silently.
+    failed = sum(t.infeasible or t.status == "failed" for t in replicas)
+    finished = n + failed
     mean = float(np.mean(values)) if n else None
     std = float(np.std(values, ddof=1)) if n >= 2 else None
     ci = None
@@ -89,6 +96,8 @@ def replica_stats(replicas: Sequence[TrialSummary]) -> dict[str, Any]:
     return {
         "n_replicas": n,
         "n_replicas_infeasible": sum(t.infeasible for t in replicas),
+        "n_replicas_failed": failed,
+        "replicas_diverged": f"{failed} of {finished} diverged" if finished else None,
         "replica_values": values,
         "replica_mean": mean,
         "replica_std": std,
@@ -99,8 +108,10 @@ def replica_stats(replicas: Sequence[TrialSummary]) -> dict[str, Any]:
 def comparison(arms: Sequence[Mapping[str, Any]], sign: float) -> dict[str, Any] | None:
     """The two best-ranked arms compared: `difference` (runner-up minus best, oriented so positive
     means the best arm is better, in the metric's units), its Welch confidence interval and the
-    verdict: `different` when the interval excludes 0, `within_noise` when it does not, `unknown`
-    without two replicas of each (trial variance unmeasured). None with fewer than two arms."""
+    verdict: `unstable` when either arm's replicas diverged or failed (`unstable_arms`; a comparison
+    of the survivors would hide a configuration that fails one run in k), else `different` when the
+    interval excludes 0, `within_noise` when it does not, `unknown` without two replicas of each
+    (trial variance unmeasured). None with fewer than two arms."""
     ranked = [a for a in arms if a["best_value"] is not None]
     if len(ranked) < 2:
         return None
@@ -115,8 +126,9 @@ def comparison(arms: Sequence[Mapping[str, Any]], sign: float) -> dict[str, Any]
         "p_value": None,
     }
     a, b = best["replica_values"], runner["replica_values"]
+    unstable = [arm["label"] for arm in (best, runner) if arm.get("n_replicas_failed")]
     if len(a) < 2 or len(b) < 2:
-        return out
+        return {**out, "verdict": "unstable", "unstable_arms": unstable} if unstable else out
     va, vb = float(np.var(a, ddof=1)) / len(a), float(np.var(b, ddof=1)) / len(b)
     diff = sign * (float(np.mean(b)) - float(np.mean(a)))
     se = math.sqrt(va + vb)
@@ -130,7 +142,8 @@ def comparison(arms: Sequence[Mapping[str, Any]], sign: float) -> dict[str, Any]
     out.update(
         difference=diff,
         ci=[lo, hi],
-        verdict="different" if lo > 0 or hi < 0 else "within_noise",
+        verdict="unstable" if unstable else "different" if lo > 0 or hi < 0 else "within_noise",
+        unstable_arms=unstable,
         method="welch",
         p_value=p,
         pooled_std=math.sqrt((float(np.var(a, ddof=1)) + float(np.var(b, ddof=1))) / 2),
@@ -163,6 +176,8 @@ def comparison_warnings(
     `replicas_recommended` whenever they are not shown different (no replicas yet, or too few)."""
     if cmp is None or cmp["verdict"] == "different":
         return []
+    if cmp["verdict"] == "unstable":
+        return [_unstable_warning(a) for a in arms[:2] if a.get("n_replicas_failed")]
     out = []
     best, runner = cmp["best_arm"], cmp["runner_up"]
     if cmp["verdict"] == "within_noise":
@@ -188,6 +203,17 @@ def comparison_warnings(
     )
     out.append(warning("replicas_recommended", text))
     return out
+
+
+def _unstable_warning(arm: Mapping[str, Any]) -> dict[str, Any]:
+    message = (
+        f"Arm {arm['label']}: {arm['replicas_diverged']} of the replicas of its best trial "
+        f"{arm['best_trial_id']}: the configuration is unstable, so comparing its surviving replicas with another "
+        "arm's would hide how often it fails (the verdict is `unstable`). Make it stable first (learning-rate "
+        'warmup, gradient clipping or a lower learning rate; playbook, "Identifying unstable workloads"), or count '
+        "its failure rate against it."
+    )
+    return warning("replicas_diverged", message, trial_id=arm["best_trial_id"])
 
 
 def _replicas_needed(cmp: Mapping[str, Any]) -> int | None:

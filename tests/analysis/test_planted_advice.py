@@ -127,3 +127,39 @@ def test_rising_validation_without_a_training_loss_is_not_overfitting(client: ht
     result = analysis(client, study["id"])
     assert "overfitting" not in kinds(result) and result["overfitting"]["flagged"] == 0
     assert np.isfinite(result["arms"][0]["best_value"])
+
+
+ARMS = [{"name": "optimizer", "role": "scientific", "type": "categorical", "values": ["sgd", "adam"]}]
+
+
+def test_replicas_that_diverge_make_the_verdict_unstable(client: httpx.Client) -> None:
+    """Arm adam is 0.05 better, but 2 of its 6 replicas diverge (finite blow-up): on its 4
+    survivors it would be `different`; it is `unstable`, with `2 of 6 diverged` reported. Arm sgd's
+    replicas all survive (`0 of 6 diverged`)."""
+    originals: set[int] = set()
+    diverging: list[int] = []
+
+    def plant(config: dict[str, Any]) -> Outcome:
+        number, adam = config["number"], config["params"]["optimizer"] == "adam"
+        if originals and config["trial_id"] not in originals and adam and len(diverging) < 2:
+            diverging.append(config["trial_id"])
+            valid, train = planted.diverged(number)
+            return Outcome({"valid/error_rate": valid, "train/loss": train})
+        noise = 0.002 * np.random.default_rng(config["seed"]).normal()
+        valid, train = planted.clean(number, 0.1 + (0.0 if adam else 0.05) + noise, noise=0.0005)
+        return Outcome({"valid/error_rate": valid, "train/loss": train})
+
+    study = create(client, spec("unstable-replicas", num_trials=4, scientific=ARMS))
+    run_pending(client, plant)
+    originals.update(t["id"] for t in client.get(f"{API}/studies/{study['id']}/trials").json()["items"])
+    assert client.post(f"{API}/studies/{study['id']}/replicas", json={"count": 6}).status_code == 201
+    assert run_pending(client, plant) == 12
+    result = analysis(client, study["id"])
+    arms = {a["label"]: a for a in result["arms"]}
+    assert arms["optimizer=adam"]["replicas_diverged"] == "2 of 6 diverged"
+    assert arms["optimizer=adam"]["n_replicas"] == 4 and arms["optimizer=sgd"]["replicas_diverged"] == "0 of 6 diverged"
+    cmp = result["comparison"]
+    assert cmp["verdict"] == "unstable" and cmp["unstable_arms"] == ["optimizer=adam"] and cmp["ci"][0] > 0
+    assert kinds(result) == ["replicas_diverged"]
+    assert result["warnings"][0]["trial_id"] == arms["optimizer=adam"]["best_trial_id"]
+    assert set(diverging) <= set(result["infeasible"]["trial_ids"])
