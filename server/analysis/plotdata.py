@@ -19,8 +19,10 @@ from .boundary import check_boundaries
 from .curves import OBJECTIVE_TRAIN
 from .divergence import best_ranks, load_trials
 from .isolation import isolation_series
+from .model import TrialSummary
 from .service import BEST_FEW, best_curves, budgets, horizon_of, late_noise_by_arm, noise_floors, noise_of
 from .space import dimensions
+from .stopped import concluding, stopped_short
 from .training import best_step_summary
 
 PLOT_KINDS = ("axis", "isolation", "curves", "grad_norm", "best_steps", "budget")
@@ -41,7 +43,8 @@ def _axis(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> 
     dims = dimensions(study.spec)
     sign = 1.0 if study.mode == "min" else -1.0
     floors = noise_floors(arm_summaries(trials, sign), late_noise_by_arm(trials, stats.get(study.metric)))
-    flagged = {(c.dim.label, c.side) for c in check_boundaries(dims, trials, sign, noise=floors) if c.side}
+    judged = _concluding(study, trials)
+    flagged = {(c.dim.label, c.side) for c in check_boundaries(dims, judged, sign, noise=floors) if c.side}
     return {"dims": [d for d in dims if d.varied], "trials": trials, "flagged": flagged}
 
 
@@ -91,7 +94,8 @@ def _grad_norm(session: Session, study: queries.StudyInfo, trial_id: int | None)
 def _best_steps(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
     sign = 1.0 if study.mode == "min" else -1.0
     trials, stats = load_trials(session, study)
-    return {"summary": best_step_summary(trials, sign, horizon_of(session, study), stats.get(study.metric))}
+    judged = _concluding(study, trials)
+    return {"summary": best_step_summary(judged, sign, horizon_of(session, study), stats.get(study.metric))}
 
 
 def _budget(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
@@ -99,8 +103,15 @@ def _budget(session: Session, study: queries.StudyInfo, _trial_id: int | None) -
     sign = 1.0 if study.mode == "min" else -1.0
     ranks, curves = best_curves(session, trials, study.metric, sign, BEST_FEW)
     arms = arm_summaries(trials, sign)
-    series, _ = budgets(trials, arms, sign, study.metric, noise_of(trials, ranks, curves, study.metric))
+    judged = _concluding(study, trials)
+    series, _ = budgets(judged, arms, sign, study.metric, noise_of(trials, ranks, curves, study.metric))
     return {"series": series}
+
+
+def _concluding(study: queries.StudyInfo, trials: list[TrialSummary]) -> list[TrialSummary]:
+    """The trials the analysis draws its conclusions from (those that stopped short left out)."""
+    settings = dict(study.spec.get("trainer") or {})
+    return concluding(trials, stopped_short(trials, settings))
 
 
 def _checkpoints(session: Session, trial_ids: list[int]) -> dict[int, list[int]]:

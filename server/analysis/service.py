@@ -33,6 +33,7 @@ from .feasibility import (
 from .isolation import isolation_series
 from .model import Curve, TrialSummary, arm_key, fmt, warning
 from .space import Dimension, dimensions
+from .stopped import concluding, stopped_short, stopped_short_caveat, stopped_short_warnings
 from .training import (
     best_step_summary,
     caveats,
@@ -135,17 +136,19 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
     """Runs every check on loaded data (no database needed)."""
     sign, dims, trials, study = data.sign, data.dims, data.trials, data.study
     arms = arm_summaries(trials, sign)
+    short = stopped_short(trials, data.trainer)
+    judged = concluding(trials, short)  # trials that stopped short leave the boundary and budget conclusions
     floors = noise_floors(arms, late_noise_by_arm(trials, data.stats.get(study.metric)))
-    boundary = check_boundaries(dims, trials, sign, noise=floors)
+    boundary = check_boundaries(dims, judged, sign, noise=floors)
     infeasible = infeasible_summary(trials, dims, study.metric)
     exempt = exempt_trials(dims, trials)
     curves, curve_warns = curve_report(_ranked(data, arms), data.curves, study.metric, sign, data.horizon, exempt)
     screen = overfitting_screen(trials, data.stats.get(study.metric), data.stats.get(OBJECTIVE_TRAIN), sign, exempt)
     warned = {w["trial_id"] for w in curve_warns if w["kind"] == "overfitting"}
-    steps = best_step_summary(trials, sign, data.horizon, data.stats.get(study.metric))
+    steps = best_step_summary(judged, sign, data.horizon, data.stats.get(study.metric))
     grad = grad_clip_summary(data.grad, arms)
     noise = evaluation_noise(data)
-    budget, budget_warns = budgets(trials, arms, sign, study.metric, noise)
+    budget, budget_warns = budgets(judged, arms, sign, study.metric, noise)
     if any(c.side for c in boundary):
         budget_warns = []  # more trials in a space that is too narrow help little: widen it first
     cmp = comparison(arms, sign)
@@ -153,6 +156,7 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
     warnings = [
         *infeasible_warnings(infeasible),
         *outlier_warnings(trials, study.metric),
+        *stopped_short_warnings(short, trials),
         *boundary_warnings(boundary, len(arms)),
         *edge,
         *loss_instability_warnings(dims, trials, sign, data.above_best, skip={w["param"] for w in edge}),
@@ -175,7 +179,9 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
         "comparison": cmp,
         "trial_variance": trial_variance(arms, float(np.median(list(noise.values()))) if noise else None),
         "warnings": warnings,
-        "caveats": caveats(dims, data.trainer) + _regularizer_caveat(regs[0].name if regs else None),
+        "caveats": caveats(dims, data.trainer)
+        + _regularizer_caveat(regs[0].name if regs else None)
+        + stopped_short_caveat(short),
         "overfitting": screen,
         "max_train_steps": steps,
         "grad_clip": grad,
@@ -183,6 +189,7 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
         "infeasible": infeasible,
         "curves": curves,
         "budget": budget,
+        "stopped_short": short,
         "isolation": isolation_series(dims, trials, arms, sign),
     }
 

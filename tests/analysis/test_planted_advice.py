@@ -163,3 +163,38 @@ def test_replicas_that_diverge_make_the_verdict_unstable(client: httpx.Client) -
     assert kinds(result) == ["replicas_diverged"]
     assert result["warnings"][0]["trial_id"] == arms["optimizer=adam"]["best_trial_id"]
     assert set(diverging) <= set(result["infeasible"]["trial_ids"])
+
+
+def test_trials_that_stopped_short_are_flagged_and_left_out_of_conclusions(client: httpx.Client) -> None:
+    """Half the trials complete at step 400 of 2,000 (a crash that exited 0): flagged, counted in
+    the caveat, and left out of the boundary and budget conclusions. With `budget_unit: epochs`
+    the same study keeps them and warns about nothing."""
+    short: set[int] = set()
+
+    def plant(config: dict[str, Any]) -> Outcome:
+        valid, train = planted.clean(config["number"], _level(config), noise=0.002)
+        if config["number"] % 2:
+            short.add(config["trial_id"])
+            valid = planted.Curve(valid.steps[valid.steps <= 400], valid.values[valid.steps <= 400])
+            train = planted.Curve(train.steps[train.steps <= 400], train.values[train.steps <= 400])
+        return Outcome({"valid/error_rate": valid, "train/loss": train})
+
+    study = create(client, spec("stopped-short", num_trials=24))
+    run_pending(client, plant)
+    result = analysis(client, study["id"])
+    found = result["stopped_short"]
+    assert set(found["trial_ids"]) == short and found["count"] == 12 and found["reference_step"] == 2000
+    assert kinds(result) == ["stopped_short"] and "12 of the 24 completed trials" in result["warnings"][0]["message"]
+    (caveat,) = [c for c in result["caveats"] if c["param"] == "stopped_short"]
+    assert caveat["value"] == 12
+    assert all(c["n"] == 12 for c in result["boundary"]) and result["budget"][0]["n"] == 12
+    assert result["arms"][0]["n_trials"] == 24  # still trials of the study, and still feasible
+    short.clear()
+    body = spec("stopped-per-epoch", num_trials=24)
+    body["trainer"] = {**body["trainer"], "budget_unit": "epochs"}
+    epochs = create(client, body)
+    run_pending(client, plant)
+    result = analysis(client, epochs["id"])
+    assert result["stopped_short"]["count"] == 12 and result["stopped_short"]["per_epoch"] is True
+    assert kinds(result) == [] and result["budget"][0]["n"] == 24
+    assert all(c["n"] == 24 for c in result["boundary"])
