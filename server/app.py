@@ -15,7 +15,7 @@ from hpo.settings import Settings
 
 from . import charts as chart_data
 from . import leases, signing_key
-from .api import analysis, charts, dashboard, errors, health, openapi, signin, studies, trials, workers
+from .api import analysis, charts, dashboard, errors, health, openapi, pipelines, signin, studies, trials, workers
 from .api.auth import Auth
 from .api.hostile import HostileInput
 from .api.html_errors import HtmlErrors
@@ -68,7 +68,7 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
     app.state.auth = authenticator = Authenticator(db, settings.api_token, key)
     errors.install(app)
     openapi.install(app)
-    routers = (health, studies, trials, workers, analysis, charts, dashboard, signin)
+    routers = (health, studies, trials, workers, analysis, charts, pipelines, dashboard, signin)
     for module in routers:
         app.include_router(module.router)
     # Outermost last: HTML error pages for browsers, the size limit, then credentials, then the

@@ -96,6 +96,11 @@ class Study(Base):
     max_attempts: Mapped[int] = mapped_column(Integer)
     max_failed_trials: Mapped[int] = mapped_column(Integer)
     consecutive_errors: Mapped[int] = mapped_column(Integer, default=0)
+    # The round this study belongs to (docs/rounds.md); `round_role` is "baseline" for the study
+    # that reruns the pipeline's baseline configuration beside a round's candidate, else NULL.
+    # No foreign key: SQLite could add one only by copying the table, and nothing deletes rounds.
+    round_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    round_role: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
@@ -278,4 +283,74 @@ class BayesianProposal(Base):
     pending_trial_ids: Mapped[list[int]] = mapped_column(JsonDocument)
     warm_observations: Mapped[int] = mapped_column(Integer)
     fit_seconds: Mapped[float] = mapped_column(Double)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Pipeline(Base):
+    """The training pipeline being improved round after round (docs/rounds.md): its objective,
+    trainer settings and baseline configuration. The baseline changes only by a launch."""
+
+    __tablename__ = "pipelines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    objective_metric: Mapped[str] = mapped_column(String(200))
+    objective_mode: Mapped[str] = mapped_column(String(3))
+    trainer: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    baseline_params: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    # Which trial and round set the baseline (NULL for the one the pipeline was created with), and
+    # its measured objective `{value, mean, std, n, values, diverged}` (NULL until measured).
+    baseline_trial_id: Mapped[int | None] = mapped_column(Integer)
+    baseline_round_id: Mapped[int | None] = mapped_column(Integer)
+    baseline_objective: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Round(Base):
+    """One round of incremental tuning: a goal, its studies (studies.round_id) and a decision."""
+
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("pipeline_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    goal: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(16))
+    # `{adopt, note, override, verdict, trial_id, decided_at}` once decided, else NULL.
+    decision: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Launch(Base):
+    """An adoption of a round's candidate as the pipeline's baseline, in order of `id`."""
+
+    __tablename__ = "launches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id", ondelete="CASCADE"), index=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id", ondelete="CASCADE"))
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id", ondelete="SET NULL"))
+    params_before: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    params_after: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    objective_before: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
+    objective_after: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class RoundRecipe(Base):
+    """A recipe run on a round (docs/rounds.md, "Recipes"): the study it created, the options it
+    was made with, and its readout once that study finished."""
+
+    __tablename__ = "round_recipes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    options: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    readout: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

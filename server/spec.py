@@ -95,6 +95,15 @@ class Hyperparameter(_Strict):
     values: list[Scalar] | None = Field(default=None, max_length=10_000)
     value: Scalar | None = None
     when: dict[str, list[Scalar]] | None = None
+    # "baseline": a fixed value the study took from its pipeline's baseline (docs/rounds.md).
+    source: Literal["baseline"] | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("source", 0) is None:
+            del data["source"]  # specs from before rounds dump as they did
+        return data
 
     @property
     def varied(self) -> bool:
@@ -185,6 +194,19 @@ class StudySpec(_Strict):
     max_failed_trials: Integer = Field(default=3, ge=1, le=100_000)
     trials: list[ManualTrial] | None = Field(default=None, max_length=MAX_TRIALS_PER_STUDY)
     bayesian: BayesianSettings | None = None
+    # The round the study belongs to (docs/rounds.md): what the spec leaves out comes from the
+    # pipeline's baseline. `pipeline_id`, when given, must be the round's pipeline.
+    round_id: Annotated[int, Field(ge=1, lt=2**31), INTEGRAL] | None = None
+    pipeline_id: Annotated[int, Field(ge=1, lt=2**31), INTEGRAL] | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("round_id", "pipeline_id"):
+                if data.get(key, 0) is None:
+                    del data[key]  # specs outside rounds dump as they did
+        return data
 
     def declarations(self, name: str) -> list[Hyperparameter]:
         """Every declaration of `name`, in spec order."""
@@ -283,6 +305,8 @@ def _declaration_errors(path: str, hp: Hyperparameter) -> Iterator[FieldError]:
     if hp.name == "max_train_steps":
         # The playbook: the training budget is a fixed setting of a round of tuning, not tuned.
         yield FieldError(f"{path}.name", "max_train_steps is a training setting: set trainer.max_train_steps")
+    if hp.source is not None and hp.role != "fixed":
+        yield FieldError(f"{path}.source", "is only for fixed hyperparameters (a value taken from the baseline)")
     if hp.role == "fixed":
         yield from _fixed_errors(path, hp)
         return

@@ -29,7 +29,37 @@ MAX_TRIALS_PER_STUDY = 100_000
 def create_study(db: Database, raw_spec: object, policy: ExecutionPolicy | None = None) -> StudyCreated:
     """Validates the spec, stores the study and lays out its trials in one transaction, and
     answers with the design checks as warnings (they never refuse the study). `policy` is the
-    operator's allow-list (default: built-in workloads only); a study naming anything else is refused."""
+    operator's allow-list (default: built-in workloads only); a study naming anything else is refused.
+    A spec naming `round_id` starts from its pipeline's baseline (`pipelines.expand_spec`), read in
+    the same transaction."""
+    if isinstance(raw_spec, dict) and raw_spec.get("round_id") is not None:
+        with db.transaction() as session:
+            spec, study_id = create_in_round(session, raw_spec, policy)
+    else:
+        spec, drafts = _prepared(raw_spec, policy)
+        with db.transaction() as session:
+            study_id = _store(session, spec, drafts)
+    warnings = [Warning(**w) for w in layout.design_warnings(spec) + catalogue.workload_warnings(spec)]
+    return StudyCreated(**get_study(db, study_id).model_dump(), warnings=warnings)
+
+
+def create_in_round(
+    session: Session, raw_spec: dict[str, Any], policy: ExecutionPolicy | None, role: str | None = None
+) -> tuple[StudySpec, int]:
+    """Creates a round's study inside the caller's transaction (study creation, recipes, a round's
+    baseline reruns, which pass `role="baseline"`): the spec expanded from the pipeline, then
+    checked and laid out as any other."""
+    from .pipelines import expand_spec  # pipelines imports this module's neighbours
+
+    raw, round_row = expand_spec(session, raw_spec)
+    spec, drafts = _prepared(raw, policy)
+    study_id = _store(session, spec, drafts)
+    study = session.get_one(Study, study_id)
+    study.round_id, study.round_role = round_row.id, role
+    return spec, study_id
+
+
+def _prepared(raw_spec: object, policy: ExecutionPolicy | None) -> tuple[StudySpec, list[layout.TrialDraft]]:
     spec = parse_spec(raw_spec)
     refused = guards.policy_errors(spec, policy or ExecutionPolicy())
     if refused:
@@ -37,25 +67,35 @@ def create_study(db: Database, raw_spec: object, policy: ExecutionPolicy | None 
     typos = catalogue.workload_errors(spec)
     if typos:
         raise InvalidInput(typos)
-    drafts = _initial_drafts(spec)
-    with db.transaction() as session:
-        _ensure_name_free(session, spec.name)
-        study = _new_study_row(spec)
-        session.add(study)
-        session.flush()
-        if spec.algorithm == "bayesian":  # initial trials and the proposal queue (docs/bayesian.md)
-            drafts = bayesian_start(session, study.id, spec)
-        _insert_trials(session, study, drafts, first_number=0)
-        study.next_point_index = _next_point_index(drafts, 0)
-        study_id = study.id
-    warnings = [Warning(**w) for w in layout.design_warnings(spec) + catalogue.workload_warnings(spec)]
-    return StudyCreated(**get_study(db, study_id).model_dump(), warnings=warnings)
+    return spec, _initial_drafts(spec)
+
+
+def _store(session: Session, spec: StudySpec, drafts: list[layout.TrialDraft]) -> int:
+    _ensure_name_free(session, spec.name)
+    study = _new_study_row(spec)
+    session.add(study)
+    session.flush()
+    if spec.algorithm == "bayesian":  # initial trials and the proposal queue (docs/bayesian.md)
+        drafts = bayesian_start(session, study.id, spec)
+    _insert_trials(session, study, drafts, first_number=0)
+    study.next_point_index = _next_point_index(drafts, 0)
+    return study.id
 
 
 def get_study(db: Database, study_id: int) -> StudyPublic:
     with db.transaction() as session:
         study = _study_or_404(session, study_id)
         return _public(session, study)
+
+
+def get_study_in(session: Session, study_id: int) -> StudyPublic:
+    """`get_study` inside the caller's transaction."""
+    return _public(session, _study_or_404(session, study_id))
+
+
+def trial_ids(session: Session, study_id: int) -> list[int]:
+    """The study's trial ids in trial-number order."""
+    return list(session.scalars(select(Trial.id).where(Trial.study_id == study_id).order_by(Trial.number)))
 
 
 def list_studies(db: Database, *, status: str | None = None, limit: int = 100, offset: int = 0) -> Page:
@@ -137,6 +177,11 @@ def _initial_drafts(spec: StudySpec) -> list[layout.TrialDraft]:
     if spec.algorithm == "bayesian":
         return []  # laid out by bayesian_start, which needs the database (warm start)
     return layout.layout_trials(spec, 0, spec.num_trials)
+
+
+def grow(session: Session, study_id: int, num_trials: int) -> None:
+    """Raises a study's `num_trials` inside the caller's transaction (a round's baseline reruns)."""
+    _grow(session, _study_or_404(session, study_id, lock=True), num_trials)
 
 
 def _grow(session: Session, study: Study, num_trials: int) -> None:

@@ -78,44 +78,50 @@ def create_replicas(db: Database, trial_id: int, count: int) -> list[int]:
     """Reruns a trial's params with new seeds so trial variance can be measured (playbook:
     "Identifying bad runs ... retrain variance"). Replicas record `replica_of`."""
     with db.transaction() as session:
-        original = _trial_or_404(session, trial_id)
-        source_id = original.replica_of or original.id
-        study = session.get_one(Study, original.study_id, with_for_update=True)
-        studies.ensure_room(session, study.id, count, "count")
-        existing = (
-            session.scalar(
-                select(func.max(Trial.replica_index)).where((Trial.id == source_id) | (Trial.replica_of == source_id))
-            )
-            or 0
+        return add_replicas(session, trial_id, count)
+
+
+def add_replicas(session: Session, trial_id: int, count: int) -> list[int]:
+    """`create_replicas` inside the caller's transaction (a round's replicas add the baseline's in
+    the same one)."""
+    original = _trial_or_404(session, trial_id)
+    source_id = original.replica_of or original.id
+    study = session.get_one(Study, original.study_id, with_for_update=True)
+    studies.ensure_room(session, study.id, count, "count")
+    existing = (
+        session.scalar(
+            select(func.max(Trial.replica_index)).where((Trial.id == source_id) | (Trial.replica_of == source_id))
         )
-        last_number = session.scalar(select(func.max(Trial.number)).where(Trial.study_id == study.id)) or 0
-        used = set(session.scalars(select(Trial.seed).where(Trial.study_id == study.id)))
-        # A point index of 0 is a real point (not "missing"); a trial without one (laid out by no
-        # sequence) draws from indices no sequence reaches.
-        point = original.point_index if original.point_index is not None else 2**31 + original.number
-        rows: list[dict[str, Any]] = []
-        for i in range(1, count + 1):
-            replica_index = existing + i
-            seed = replica_seed(study.seed, point, replica_index, used)
-            used.add(seed)
-            rows.append(
-                {
-                    "study_id": study.id,
-                    "number": last_number + i,
-                    "arm": original.arm,
-                    "params": original.params,
-                    "point_index": original.point_index,
-                    "unit_point": original.unit_point,
-                    "seed": seed,
-                    "replica_of": source_id,
-                    "replica_index": replica_index,
-                    "status": TrialStatus.pending,
-                    "attempt": 0,
-                    "failures": 0,
-                    "restart_after_attempt": 0,
-                }
-            )
-        return list(session.scalars(insert(Trial).returning(Trial.id, sort_by_parameter_order=True), rows))
+        or 0
+    )
+    last_number = session.scalar(select(func.max(Trial.number)).where(Trial.study_id == study.id)) or 0
+    used = set(session.scalars(select(Trial.seed).where(Trial.study_id == study.id)))
+    # A point index of 0 is a real point (not "missing"); a trial without one (laid out by no
+    # sequence) draws from indices no sequence reaches.
+    point = original.point_index if original.point_index is not None else 2**31 + original.number
+    rows: list[dict[str, Any]] = []
+    for i in range(1, count + 1):
+        replica_index = existing + i
+        seed = replica_seed(study.seed, point, replica_index, used)
+        used.add(seed)
+        rows.append(
+            {
+                "study_id": study.id,
+                "number": last_number + i,
+                "arm": original.arm,
+                "params": original.params,
+                "point_index": original.point_index,
+                "unit_point": original.unit_point,
+                "seed": seed,
+                "replica_of": source_id,
+                "replica_index": replica_index,
+                "status": TrialStatus.pending,
+                "attempt": 0,
+                "failures": 0,
+                "restart_after_attempt": 0,
+            }
+        )
+    return list(session.scalars(insert(Trial).returning(Trial.id, sort_by_parameter_order=True), rows))
 
 
 def replica_seed(study_seed: int, point: int, replica_index: int, used: set[int]) -> int:
