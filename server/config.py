@@ -1,4 +1,5 @@
-"""The server's own settings: its slow-client deadlines and limits, and where the signing key lives.
+"""The server's own settings: its slow-client deadlines and limits, the metric quota and where the
+signing key lives.
 Read once from the `HPO_*`
 environment like `hpo.settings.Settings` (which holds what server and workers share) and passed in
 to `create_app` and the HTTP protocol."""
@@ -23,13 +24,15 @@ class ServerSettings:
     # Requests without a valid credential in progress at once, per server process, once tokens
     # exist (sign-in page and form, sign-out, static files); more answer 503 at once.
     max_unauthenticated: int = 32
+    # Metric points one trial may hold; a batch that would pass it is refused whole (413).
+    max_points_per_trial: int = 5_000_000
     # The signing key's file when HPO_SESSION_SECRET is unset; None: `default_secret_file()`.
     session_secret_file: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
-        """Reads `HPO_HEADER_SECONDS`, `HPO_BODY_SECONDS`, `HPO_MAX_UNAUTHENTICATED` and
-        `HPO_SESSION_SECRET_FILE`; fails fast naming the variable."""
+        """Reads `HPO_HEADER_SECONDS`, `HPO_BODY_SECONDS`, `HPO_MAX_UNAUTHENTICATED`,
+        `HPO_MAX_POINTS_PER_TRIAL` and `HPO_SESSION_SECRET_FILE`; fails fast naming the variable."""
         env = os.environ if environ is None else environ
         defaults = cls()
         secret_file = env.get("HPO_SESSION_SECRET_FILE") or None
@@ -37,6 +40,7 @@ class ServerSettings:
             header_seconds=_number(env, "HPO_HEADER_SECONDS", defaults.header_seconds),
             body_seconds=_number(env, "HPO_BODY_SECONDS", defaults.body_seconds),
             max_unauthenticated=_integer(env, "HPO_MAX_UNAUTHENTICATED", defaults.max_unauthenticated),
+            max_points_per_trial=_integer(env, "HPO_MAX_POINTS_PER_TRIAL", defaults.max_points_per_trial),
             session_secret_file=Path(secret_file).expanduser() if secret_file else None,
         )
         settings.validate()
@@ -48,6 +52,10 @@ class ServerSettings:
                 raise SettingsError(f"{name} must be between 0.1 and 3600 seconds, got {value:g}")
         if not 1 <= self.max_unauthenticated <= 100_000:
             raise SettingsError(f"HPO_MAX_UNAUTHENTICATED must be between 1 and 100000, got {self.max_unauthenticated}")
+        if not 1 <= self.max_points_per_trial <= 2**31 - 1:
+            raise SettingsError(
+                f"HPO_MAX_POINTS_PER_TRIAL must be between 1 and 2147483647, got {self.max_points_per_trial}"
+            )
 
     @property
     def secret_file(self) -> Path:

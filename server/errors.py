@@ -59,5 +59,9 @@ class LeaseLost(Conflict):
     """A worker wrote with a lease that is no longer its own (HTTP 409); it must stop that run."""
 
 
+class QuotaExceeded(HpoError):
+    """A write would take a trial past a limit of the server's, e.g. its metric points (HTTP 413)."""
+
+
 class StorageError(HpoError):
     """The database refused or failed in a way the client cannot fix (HTTP 503)."""

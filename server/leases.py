@@ -247,7 +247,12 @@ def _truncate_history(session: Session, trial_id: int, metric: str, mode: str, r
     points = delete(MetricPoint).where(MetricPoint.trial_id == trial_id)
     if resume is not None:
         points = points.where(MetricPoint.step > resume.step)
-    session.execute(points)
+    deleted = int(session.execute(points).rowcount or 0)  # type: ignore[attr-defined]
+    # The quota's count follows (a NULL count, of a trial from before counting, stays NULL).
+    count = 0 if resume is None else Trial.point_count - deleted
+    session.execute(
+        update(Trial).where(Trial.id == trial_id).values(point_count=count).execution_options(synchronize_session=False)
+    )
     objective.refresh(session, trial_id, metric, mode)
 
 

@@ -15,7 +15,17 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..errors import AlreadyExists, Conflict, FieldError, Forbidden, HpoError, InvalidInput, NotFound, StorageError
+from ..errors import (
+    AlreadyExists,
+    Conflict,
+    FieldError,
+    Forbidden,
+    HpoError,
+    InvalidInput,
+    NotFound,
+    QuotaExceeded,
+    StorageError,
+)
 
 _log = logging.getLogger("hpo.server")
 
@@ -25,6 +35,7 @@ _STATUS: dict[type[HpoError], int] = {
     NotFound: 404,
     AlreadyExists: 409,
     Conflict: 409,
+    QuotaExceeded: 413,
     StorageError: 503,
 }
 

@@ -58,7 +58,8 @@ async def metrics(request: Request, db: DatabaseDep, trial_id: TrialId) -> Respo
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
     _check_trial_token(request, body.lease_id)
-    answer = await run_in_threadpool(results.record_metrics, db, trial_id, body.lease_id, body.points)
+    quota = request.app.state.server_settings.max_points_per_trial
+    answer = await run_in_threadpool(results.record_metrics, db, trial_id, body.lease_id, body.points, quota)
     return Response(answer.model_dump_json(), media_type="application/json")
 
 

@@ -9,10 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from hpo.server import auth
+from hpo.server.config import ServerSettings
 from hpo.server.db import Database
-from hpo.settings import Settings
+from hpo.settings import Settings, SettingsError
 from tests.conftest import LiveServer
 
 API = "/api/v1"
@@ -100,3 +102,69 @@ def test_a_cancelled_trials_token_stops(secured: Secured) -> None:
     assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled"
     assert secured.post(f"/trials/{trial}/metrics", _metrics(lease, 1), token).status_code == 409
     assert secured.points(trial) == []
+
+
+# --- the metric quota ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def quota_of_10(settings: Settings) -> Iterator[Secured]:
+    yield from start_server(settings, ServerSettings(max_points_per_trial=10))
+
+
+def _batch(lease: str, steps: range, value: float = 1.0) -> dict[str, Any]:
+    return {"lease_id": lease, "points": [{"step": s, "name": "train/loss", "value": value} for s in steps]}
+
+
+def _stored_count(settings: Settings, trial: int) -> tuple[int | None, int]:
+    """(the trial's kept count, the points really stored)."""
+    db = Database(settings.database_url)
+    with db.transaction() as session:
+        kept = session.execute(text("SELECT point_count FROM trials WHERE id = :id"), {"id": trial}).scalar()
+        rows = session.execute(text("SELECT count(*) FROM metric_points WHERE trial_id = :id"), {"id": trial}).scalar()
+    db.dispose()
+    return kept, int(rows or 0)
+
+
+def test_a_trial_holds_at_most_the_quota_of_points(quota_of_10: Secured, settings: Settings) -> None:
+    secured = quota_of_10
+    claim = secured.claim()
+    trial, lease, token = claim["trial_id"], claim["lease_id"], claim["trial_token"]
+    assert secured.post(f"/trials/{trial}/metrics", _batch(lease, range(1, 7)), token).status_code == 200
+    # A replay overwrites and counts nothing again.
+    assert secured.post(f"/trials/{trial}/metrics", _batch(lease, range(1, 7), 2.0), token).status_code == 200
+    # 6 held + 5 new > 10: refused whole, the replayed step 6 of the batch included.
+    over = secured.post(f"/trials/{trial}/metrics", _batch(lease, range(6, 12), 3.0), token)
+    assert over.status_code == 413, over.text
+    detail = over.json()["detail"]
+    assert "11 metric points" in detail and "limit of 10" in detail and "HPO_MAX_POINTS_PER_TRIAL" in detail
+    assert secured.points(trial) == [(s, 2.0) for s in range(1, 7)]
+    assert secured.post(f"/trials/{trial}/metrics", _batch(lease, range(7, 11)), token).status_code == 200
+    assert secured.post(f"/trials/{trial}/metrics", _batch(lease, range(11, 12)), token).status_code == 413
+    assert _stored_count(settings, trial) == (10, 10)
+    # A resumed attempt's cut history frees its room: resumed at step 3, points 4-10 go.
+    checkpoint = {"lease_id": lease, "step": 3, "uri": "file:///c/3", "objective": None}
+    assert secured.post(f"/trials/{trial}/checkpoints", checkpoint, token).status_code == 201
+    preempted = {"lease_id": lease, "kind": "preempted", "reason": ""}
+    assert secured.post(f"/trials/{trial}/fail", preempted, secured.tokens["worker"]).status_code == 200
+    resumed = secured.claim()
+    assert resumed["resume_from"]["step"] == 3 and _stored_count(settings, trial) == (3, 3)
+    lease, token = resumed["lease_id"], resumed["trial_token"]
+    assert secured.post(f"/trials/{trial}/metrics", _batch(lease, range(4, 11)), token).status_code == 200
+    assert secured.post(f"/trials/{trial}/metrics", _batch(lease, range(11, 12)), token).status_code == 413
+    # A trial from before points were counted (NULL) is counted at its next write.
+    db = Database(settings.database_url)
+    with db.transaction() as session:
+        session.execute(text("UPDATE trials SET point_count = NULL WHERE id = :id"), {"id": trial})
+    db.dispose()
+    assert secured.post(f"/trials/{trial}/metrics", _batch(lease, range(11, 12)), token).status_code == 413
+    assert secured.post(f"/trials/{trial}/metrics", _batch(lease, range(1, 3), 5.0), token).status_code == 200
+    assert _stored_count(settings, trial) == (10, 10)
+
+
+def test_the_quota_setting_is_checked() -> None:
+    with pytest.raises(SettingsError, match="HPO_MAX_POINTS_PER_TRIAL must be a whole number, got '1e6'"):
+        ServerSettings.from_env({"HPO_MAX_POINTS_PER_TRIAL": "1e6"})
+    with pytest.raises(SettingsError, match="HPO_MAX_POINTS_PER_TRIAL must be between 1 and"):
+        ServerSettings.from_env({"HPO_MAX_POINTS_PER_TRIAL": "0"})
+    assert ServerSettings.from_env({"HPO_MAX_POINTS_PER_TRIAL": "20_000_000"}).max_points_per_trial == 20_000_000
