@@ -652,6 +652,7 @@ def _isolation(db: Database, study_id: int, _options: dict[str, Any]) -> dict[st
             {
                 "param": s["param"],
                 "kind": s["kind"],
+                "ordered": bool(s.get("ordered")),  # arms along one ordered hyperparameter's values
                 "label": s.get("label"),
                 "x": [p["x"] for p in points],
                 "y": [p["best_value"] for p in points],

@@ -224,7 +224,8 @@ def isolation_plot(data: dict[str, Any]) -> Figure:
                 ax.set_xscale("log")
         else:
             errs = [p["std"] or 0.0 for p in points]
-        ax.errorbar(xs, ys, yerr=errs, fmt="o-" if s["kind"] == "buckets" else "o", capsize=4, color=COLORS[0])
+        joined = s["kind"] == "buckets" or s.get("ordered")  # values along an order: the line shows its shape
+        ax.errorbar(xs, ys, yerr=errs, fmt="o-" if joined else "o", capsize=4, color=COLORS[0])
         if s["kind"] == "arms":
             ax.set_xticks(xs, [_wrap(str(p["x"])) for p in points], fontsize=LABEL)
             ax.set_xlim(-0.5, len(points) - 0.5)

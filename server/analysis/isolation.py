@@ -30,6 +30,8 @@ def isolation_series(
     """`[{param, kind: "arms"|"buckets", arm?, points: [{x, best_value, trial_id, std, n}]}]`."""
     series = []
     if len(arms) > 1 or any(a["arm"] for a in arms):
+        crossed = sorted({k for a in arms for k in a["arm"]})
+        ordered = [d for d in dims if d.name in crossed and d.role == "scientific" and d.ordered]
         points = [
             {
                 "x": a["label"],
@@ -38,10 +40,18 @@ def isolation_series(
                 "std": a["replica_std"],
                 "n": a["n_trials"],
             }
-            for a in arms
+            for a in sorted(arms, key=lambda a: _position(dims, crossed, a["arm"]))
         ]
+        # A single ordered scientific hyperparameter (depth 2, 4, 8) is drawn along its values, so a
+        # U-shaped response shows as one (playbook, "Detecting whether a change is useful with
+        # isolation plots"); the arms' rank order would hide it.
         series.append(
-            {"param": ", ".join(sorted({k for a in arms for k in a["arm"]})), "kind": "arms", "points": points}
+            {
+                "param": ", ".join(crossed),
+                "kind": "arms",
+                "ordered": len(crossed) == 1 and len(ordered) == 1,
+                "points": points,
+            }
         )
     for dim in dims:
         if dim.role == "scientific" and dim.varied and dim.type in ("float", "int"):
@@ -49,6 +59,22 @@ def isolation_series(
                 if dim.applies(arm["arm"]):
                     series.append(_buckets(dim, arm["arm"], trials, sign))
     return series
+
+
+def _position(dims: Sequence[Dimension], names: Sequence[str], arm: Mapping[str, Any]) -> tuple[Any, ...]:
+    """An arm's place in the declared values of its scientific hyperparameters (numeric values of a
+    discrete one by value), never its rank."""
+    key: list[Any] = []
+    for name in names:
+        dim = next((d for d in dims if d.name == name and d.values), None)
+        value = arm.get(name)
+        if dim is None or value not in dim.values:
+            key.append((1, str(value)))
+        elif dim.type == "discrete" and all(isinstance(v, (int, float)) for v in dim.values):
+            key.append((0, float(value)))  # type: ignore[arg-type]  # a declared numeric value
+        else:
+            key.append((0, list(dim.values).index(value)))
+    return tuple(key)
 
 
 def _buckets(dim: Dimension, arm: Mapping[str, Any], trials: Sequence[TrialSummary], sign: float) -> dict[str, Any]:

@@ -102,7 +102,7 @@
         var sd = s.std[i] !== null ? "<br>replica std " + hpo.fmt(s.std[i]) : "<br>no replicas: trial variance unknown";
         return "trial " + s.ids[i] + "<br>" + x + "<br>best " + metric + " = " + hpo.fmt(s.y[i]) + sd + ci + "<br>" + s.n[i] + " trials";
       });
-      var trace = { type: "scatter", mode: s.kind === "buckets" ? "lines+markers" : "markers", x: s.x, y: s.y, customdata: s.ids,
+      var trace = { type: "scatter", mode: s.kind === "buckets" || s.ordered ? "lines+markers" : "markers", x: s.x, y: s.y, customdata: s.ids,
         text: text, hovertemplate: HOVER, name: s.param, marker: { size: 10, color: hpo.COLORS[0] },
         error_y: { type: "data", array: s.std.map(function (v) { return v || 0; }), visible: true, thickness: 1.5, width: 6 } };
       var title = s.param + (s.label && s.label !== "all trials" ? " (" + s.label + ")" : "");

@@ -198,3 +198,27 @@ def test_trials_that_stopped_short_are_flagged_and_left_out_of_conclusions(clien
     assert result["stopped_short"]["count"] == 12 and result["stopped_short"]["per_epoch"] is True
     assert kinds(result) == [] and result["budget"][0]["n"] == 24
     assert all(c["n"] == 24 for c in result["boundary"])
+
+
+def test_an_ordered_scientific_hyperparameter_is_drawn_along_its_values(client: httpx.Client) -> None:
+    """Depth 2, 4, 8 with the middle best (a U): the isolation series, its chart and plot follow
+    the values 2, 4, 8, not the arms' rank (4, then 2 or 8)."""
+    depth = [{"name": "num_layers", "role": "scientific", "type": "discrete", "values": [2, 4, 8]}]
+
+    def plant(config: dict[str, Any]) -> Outcome:
+        offset = {2: 0.05, 4: 0.0, 8: 0.03}[config["params"]["num_layers"]]
+        valid, train = planted.clean(config["number"], _level(config) + offset, noise=0.002)
+        return Outcome({"valid/error_rate": valid, "train/loss": train})
+
+    study = create(client, spec("u-shape", num_trials=6, scientific=depth))
+    run_pending(client, plant)
+    result = analysis(client, study["id"])
+    assert [a["label"] for a in result["arms"]][0] == "num_layers=4"  # ranked: the middle first
+    (series,) = [s for s in result["isolation"] if s["kind"] == "arms"]
+    assert series["ordered"] is True
+    assert [p["x"] for p in series["points"]] == ["num_layers=2", "num_layers=4", "num_layers=8"]
+    values = [p["best_value"] for p in series["points"]]
+    assert values[1] < values[0] and values[1] < values[2]  # the U is visible
+    chart = client.get(f"{API}/studies/{study['id']}/charts/isolation").json()
+    (drawn,) = [s for s in chart["series"] if s["kind"] == "arms"]
+    assert drawn["x"] == ["num_layers=2", "num_layers=4", "num_layers=8"] and drawn["ordered"] is True
