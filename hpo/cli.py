@@ -25,6 +25,7 @@ _PARTS = (
     "hpo.worker.cli",
     "hpo.study_cli",
     "hpo.trial_cli",
+    "hpo.round_cli",
 )
 
 

@@ -10,7 +10,7 @@ import io
 import shlex
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from ..db import Database
 from .divergence import study_best
@@ -26,13 +26,17 @@ COLUMNS = (
     "reproduce",
     "id",
     "best_trial_id",
+    "pipeline",
+    "round",
+    "goal",
+    "decision",
 )
 
 _ROWS = """
-SELECT s.id, s.name, s.description, s.objective_metric AS metric, s.objective_mode AS mode,
+SELECT s.id, s.name, s.description, s.objective_metric AS metric, s.objective_mode AS mode, s.goal, s.round_id,
        sum(CASE WHEN t.status IN ('completed', 'infeasible', 'failed') THEN 1 ELSE 0 END) AS trials_run
 FROM studies s LEFT JOIN trials t ON t.study_id = s.id
-GROUP BY s.id, s.name, s.description, s.objective_metric, s.objective_mode
+GROUP BY s.id, s.name, s.description, s.objective_metric, s.objective_mode, s.goal, s.round_id
 ORDER BY s.id
 """
 
@@ -43,7 +47,33 @@ def tracking_rows(db: Database, base_url: str) -> list[dict[str, Any]]:
     with db.transaction() as session:
         rows = session.execute(text(_ROWS)).all()
         best = {r.id: study_best(session, r.id) for r in rows}
-    return [_row(r, best[r.id], base_url) for r in rows]
+        rounds = _rounds(session, {r.round_id for r in rows if r.round_id is not None})
+    return [{**_row(r, best[r.id], base_url), **_round_cells(r, rounds.get(r.round_id))} for r in rows]
+
+
+def _rounds(session: Any, round_ids: set[int]) -> dict[int, Any]:
+    """The rounds (docs/rounds.md) the studies belong to, with their pipeline's name."""
+    if not round_ids:
+        return {}
+    from ..models import Pipeline, Round
+
+    query = select(Round, Pipeline.name).join(Pipeline, Pipeline.id == Round.pipeline_id)
+    return {r.id: (r, name) for r, name in session.execute(query.where(Round.id.in_(round_ids)))}
+
+
+def _round_cells(r: Any, found: Any) -> dict[str, Any]:
+    """pipeline, round, goal (the round's, else the study's) and the round's decision."""
+    if found is None:
+        return {"pipeline": "", "round": "", "goal": r.goal or "", "decision": ""}
+    round_row, pipeline = found
+    decision = round_row.decision
+    if decision is None:
+        said = "open"
+    elif decision.get("adopt"):
+        said = f"adopted trial {decision.get('trial_id')} ({decision.get('verdict')})"
+    else:
+        said = f"kept the baseline ({decision.get('verdict')})"
+    return {"pipeline": pipeline, "round": round_row.number, "goal": round_row.goal, "decision": said}
 
 
 def tracking_csv(rows: list[dict[str, Any]]) -> str:

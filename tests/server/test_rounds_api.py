@@ -4,12 +4,18 @@ by known responses and seeds, in seconds."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
+from hpo.cli import main
 from hpo.server import auth
 from hpo.server.db import Database
 from hpo.settings import Settings
@@ -266,3 +272,42 @@ def test_deciding_needs_write_and_reading_needs_read(settings: Settings) -> None
         decision = {"adopt": False}
         assert http.post(f"{API}/rounds/{rnd['id']}/decision", json=decision, headers=read).status_code == 403
         assert http.get(f"{API}/rounds/{rnd['id']}", headers=read).status_code == 200
+
+
+def test_the_cli_walks_a_round_and_the_tracking_sheet_names_it(
+    live_server: LiveServer, client: httpx.Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = ("--server", live_server.url)
+    path = tmp_path / "pipeline.json"
+    path.write_text(json.dumps(pipeline_body()))
+    assert main(["pipeline", "create", "-f", str(path), *server, "--json"]) == 0
+    pipeline = json.loads(capsys.readouterr().out)
+    assert main(["round", "create", str(pipeline["id"]), "--goal", "tune the learning rate", *server, "--json"]) == 0
+    rnd = json.loads(capsys.readouterr().out)
+    spec_path = tmp_path / "sweep.json"
+    spec_path.write_text(json.dumps(lr_sweep(rnd["id"])))
+    assert main(["study", "create", "-f", str(spec_path), *server]) == 0
+    capsys.readouterr()
+    run_pending(client, valley)
+    assert main(["round", "replicas", str(rnd["id"]), "--count", "3", *server]) == 0
+    assert "3 runs of the candidate" in capsys.readouterr().out
+    run_pending(client, valley)
+    assert main(["round", "show", str(rnd["id"]), *server]) == 0
+    shown = capsys.readouterr().out
+    assert "verdict: better" in shown and "differs from the baseline in: learning_rate=" in shown
+    assert main(["round", "decide", str(rnd["id"]), "--adopt", "--note", "lower lr", *server]) == 0
+    assert "adopted (verdict better)" in capsys.readouterr().out
+    assert main(["pipeline", "show", str(pipeline["id"]), *server]) == 0
+    shown = capsys.readouterr().out
+    assert "learning_rate 0.1 ->" in shown and "better" in shown
+    assert main(["pipeline", "list", *server]) == 0
+    assert "mlp" in capsys.readouterr().out
+    assert main(["round", "decide", str(rnd["id"]), "--reject", *server]) == 2
+    assert "decided already" in capsys.readouterr().err
+
+    rows = {r["study"]: r for r in csv.DictReader(io.StringIO(client.get(f"{API}/studies.csv").text))}
+    sweep = rows["lr-sweep"]
+    assert (sweep["pipeline"], sweep["round"], sweep["goal"]) == ("mlp", "1", "tune the learning rate")
+    assert sweep["decision"].startswith("adopted trial ") and "(better)" in sweep["decision"]
+    baseline = rows["mlp-round1-baseline1"]
+    assert baseline["round"] == "1" and baseline["trials_run"] == "3"
