@@ -10,9 +10,10 @@ it on the same two cores)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from sqlalchemy import text
@@ -26,7 +27,10 @@ LIVE_SECONDS = 5.0
 _SIZE = 64
 _ENTRIES: dict[tuple[int, int, Any], tuple[tuple[str, ...], float, Any]] = {}  # (db, study, what)
 _LOCK = threading.Lock()
-_FLIGHTS: dict[tuple[int, int, Any], threading.Lock] = {}
+# One lock per question being computed right now, with how many threads hold or wait for it; it
+# goes when the last leaves, so a stream of distinct questions (failing ones included, which
+# leave no entry behind) cannot grow this without bound.
+_FLIGHTS: dict[tuple[int, int, Any], tuple[threading.Lock, list[int]]] = {}
 
 
 def version(session: Session, study_id: int) -> tuple[str, ...]:
@@ -81,10 +85,9 @@ def _remember(bind: int, study_id: int, what: Any, current: tuple[str, ...], com
     key = (bind, study_id, what)
     with _LOCK:
         entry = _ENTRIES.get(key)
-        flight = _FLIGHTS.setdefault(key, threading.Lock())
     if entry is not None and _valid(entry, current, live):
         return entry[2]  # type: ignore[no-any-return]
-    with flight:
+    with _flight(key):
         with _LOCK:
             entry = _ENTRIES.get(key)
         if entry is not None and _valid(entry, current, live):
@@ -94,13 +97,27 @@ def _remember(bind: int, study_id: int, what: Any, current: tuple[str, ...], com
             if len(_ENTRIES) >= _SIZE and key not in _ENTRIES:
                 oldest = min(_ENTRIES, key=lambda k: _ENTRIES[k][1])
                 del _ENTRIES[oldest]
-                _FLIGHTS.pop(oldest, None)
             _ENTRIES[key] = (current, time.monotonic(), value)
         return value
+
+
+@contextlib.contextmanager
+def _flight(key: tuple[int, int, Any]) -> Iterator[None]:
+    """Holds the question's lock (single flight), created on first need, removed by the last user."""
+    with _LOCK:
+        lock, users = _FLIGHTS.setdefault(key, (threading.Lock(), [0]))
+        users[0] += 1
+    try:
+        with lock:
+            yield
+    finally:
+        with _LOCK:
+            users[0] -= 1
+            if users[0] == 0:
+                del _FLIGHTS[key]
 
 
 def clear() -> None:
     """Forgets every kept answer (tests, benchmarks of cold calls)."""
     with _LOCK:
         _ENTRIES.clear()
-        _FLIGHTS.clear()
