@@ -43,10 +43,11 @@ _SCHEMAS: dict[str, Any] = {
 }
 _ERRORS = {
     "401": "no token, or an unknown or revoked one (once any token exists)",
-    "403": "the token's role may not make this call",
-    "408": "the request body did not arrive in time",
-    "413": "the request body is over HPO_MAX_BODY_BYTES",
-    "503": "the database is unavailable; retry",
+    "403": "the token's role may not make this call (or a trial token names another lease)",
+    "408": "the whole request body did not arrive within HPO_BODY_SECONDS",
+    "413": "the request body is over HPO_MAX_BODY_BYTES, or a metrics batch would take its trial past "
+    "HPO_MAX_POINTS_PER_TRIAL points",
+    "503": "the database is unavailable, or the server is busy (Retry-After); retry",
 }
 
 
