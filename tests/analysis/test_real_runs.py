@@ -1,0 +1,134 @@
+"""Issue 19 on real runs: a short study of the built-in `digits` workload with learning rates wide
+enough to diverge, and a command-trial study of the example script (examples/scripts/
+digits_plain.py, which reports no per-class counts), each run by the real worker. The test counts
+the failed runs itself from what each trial logged (its status, its last validation error against
+chance 0.9) and asserts the analysis judges exactly those infeasible: every collapsed trial
+counted, none that learned."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hpo.policy import ExecutionPolicy
+from hpo.settings import Settings
+from hpo.worker.loop import Worker, WorkerOptions
+from tests.conftest import LiveServer
+from tests.worker.conftest import (  # noqa: F401  (ray_address is a fixture)
+    API,
+    REPO,
+    create_study,
+    metric_steps,
+    ray_address,
+    study_done,
+    trials,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+# A 10-class error rate within this of chance (0.9) at the end is a collapsed run; below LEARNED it learned.
+COLLAPSED, LEARNED = 0.85, 0.5
+RESOURCES = {"workers": 1, "cpus_per_worker": 1, "gpus_per_worker": 0}
+LEARNING_RATE = {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 0.03, "max": 30.0, "scale": "log"}
+
+
+@pytest.fixture
+def env(ray_address: str, database_url: str, tmp_path: Path) -> Any:  # noqa: F811
+    policy = ExecutionPolicy(command_prefixes=(("python",), (sys.executable,)))
+    settings = Settings(
+        database_url=database_url, artifact_root=tmp_path / "artifacts", lease_seconds=30, execution_policy=policy
+    )
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        yield server, http, settings
+
+
+def run_study(env: Any, spec: dict[str, Any]) -> int:
+    server, http, settings = env
+    study = create_study(http, spec)
+    prefixes = (shlex.join(spec["trainer"]["command"][:2]),) if "command" in spec["trainer"] else ()
+    options = WorkerOptions(
+        server_url=server.url,
+        artifact_root=settings.artifact_root,
+        idle_poll_seconds=0.2,
+        policy=ExecutionPolicy().merged(command_prefixes=prefixes),
+        workdir_root=REPO,
+        warm_up=False,
+    )
+    Worker(options).run(until=study_done(http, study["id"]))
+    return int(study["id"])
+
+
+def failed_runs(http: httpx.Client, study_id: int) -> tuple[set[int], set[int]]:
+    """(trials that failed: infeasible, or completed at chance; trials that learned), from what
+    each trial logged, independently of the analysis."""
+    failed, learned = set(), set()
+    for trial in trials(http, study_id):
+        if trial["status"] == "infeasible":
+            failed.add(trial["id"])
+            continue
+        assert trial["status"] == "completed", trial
+        last = metric_steps(http, trial["id"], "valid/error_rate")[-1][1]
+        if last >= COLLAPSED:
+            failed.add(trial["id"])
+        elif last < LEARNED:
+            learned.add(trial["id"])
+    return failed, learned
+
+
+def check(http: httpx.Client, study_id: int) -> dict[str, Any]:
+    failed, learned = failed_runs(http, study_id)
+    result = http.get(f"{API}/studies/{study_id}/analysis").json()
+    judged = set(result["infeasible"]["trial_ids"])
+    assert failed <= judged, f"collapsed or failed trials not counted: {failed - judged}"
+    assert not judged & learned, f"trials that learned judged infeasible: {judged & learned}"
+    collapsed = {d["trial_id"] for d in result["infeasible"]["diverged"]}
+    assert collapsed, "the study has a completed trial that collapsed (else it tests nothing)"
+    assert learned, "the study has trials that learned (else no false alarm is possible)"
+    assert result["arms"][0]["best_trial_id"] in learned
+    return result
+
+
+def test_a_digits_study_with_learning_rates_that_diverge(env: Any) -> None:
+    spec = {
+        "name": "real-digits-diverge",
+        "objective": {"metric": "valid/error_rate", "mode": "min"},
+        "num_trials": 8,
+        "hyperparameters": [
+            LEARNING_RATE,
+            {"name": "optimizer", "role": "fixed", "value": "nesterov"},
+            {"name": "momentum", "role": "fixed", "value": 0.9},
+            {"name": "batch_size", "role": "fixed", "value": 64},
+        ],
+        "trainer": {"workload": "digits", "max_train_steps": 150, "eval_every_steps": 25},
+        "resources": RESOURCES,
+        "max_attempts": 1,
+    }
+    study_id = run_study(env, spec)
+    result = check(env[1], study_id)
+    assert "infeasible" in {w["kind"] for w in result["warnings"]}
+
+
+def test_a_study_of_the_example_script_counts_every_collapsed_trial(env: Any) -> None:
+    spec = {
+        "name": "real-script-collapse",
+        "objective": {"metric": "valid/error_rate", "mode": "min"},
+        "num_trials": 6,
+        "hyperparameters": [LEARNING_RATE, {"name": "batch_size", "role": "fixed", "value": 64}],
+        "trainer": {
+            "command": [sys.executable, "digits_plain.py", "--epochs", "2"],
+            "workdir": "examples/scripts",
+            "max_train_steps": 46,
+            "eval_every_steps": 23,
+        },
+        "resources": RESOURCES,
+        "max_attempts": 1,
+    }
+    study_id = run_study(env, spec)
+    result = check(env[1], study_id)
+    reasons = {d["reason"].split(":")[0] for d in result["infeasible"]["diverged"]}
+    assert reasons <= {"training loss ends no better than its initial value", "training loss diverged"}
