@@ -95,8 +95,9 @@ class Hyperparameter(_Strict):
     values: list[Scalar] | None = Field(default=None, max_length=10_000)
     value: Scalar | None = None
     when: dict[str, list[Scalar]] | None = None
-    # "baseline": a fixed value the study took from its pipeline's baseline (docs/rounds.md).
-    source: Literal["baseline"] | None = None
+    # Why a fixed value is what it is (docs/rounds.md): "baseline", taken from the pipeline's
+    # baseline; "insensitive", the exploit recipe fixed it because the objective hardly depends on it.
+    source: Literal["baseline", "insensitive"] | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> Any:
@@ -306,7 +307,7 @@ def _declaration_errors(path: str, hp: Hyperparameter) -> Iterator[FieldError]:
         # The playbook: the training budget is a fixed setting of a round of tuning, not tuned.
         yield FieldError(f"{path}.name", "max_train_steps is a training setting: set trainer.max_train_steps")
     if hp.source is not None and hp.role != "fixed":
-        yield FieldError(f"{path}.source", "is only for fixed hyperparameters (a value taken from the baseline)")
+        yield FieldError(f"{path}.source", "is only for fixed hyperparameters (where their value came from)")
     if hp.role == "fixed":
         yield from _fixed_errors(path, hp)
         return

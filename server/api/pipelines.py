@@ -3,12 +3,12 @@ and returns its answer. Reads need `read`, every POST `write` (docs/security.md)
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, status
+from fastapi import APIRouter, Path, Query, Response, status
 
-from .. import evidence, pipelines
-from ..round_schemas import PipelineCreate, RoundCreate, RoundDecision, RoundReplicas
+from .. import evidence, pipelines, recipes
+from ..round_schemas import PipelineCreate, RecipeRequest, RoundCreate, RoundDecision, RoundReplicas
 from .deps import DatabaseDep, SettingsDep
 
 router = APIRouter(prefix="/api/v1", tags=["pipelines"])
@@ -54,3 +54,31 @@ def post_replicas(db: DatabaseDep, settings: SettingsDep, round_id: RoundId, bod
 @router.post("/rounds/{round_id}/decision")
 def post_decision(db: DatabaseDep, round_id: RoundId, body: RoundDecision) -> dict[str, Any]:
     return evidence.decide(db, round_id, body.adopt, body.note, body.override)
+
+
+@router.post("/rounds/{round_id}/recipes/{kind}", status_code=status.HTTP_201_CREATED)
+def post_recipe(
+    db: DatabaseDep,
+    settings: SettingsDep,
+    round_id: RoundId,
+    kind: Literal["exploit", "steps", "instability", "warmup", "longer"],
+    response: Response,
+    body: RecipeRequest | None = None,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """Creates the recipe's study in the round; `?dry_run=true` answers the spec it would create
+    (200) and writes nothing. `spec` in the body runs an edited spec instead of the planned one."""
+    request = body or RecipeRequest()
+    answer = recipes.run_recipe(
+        db,
+        round_id,
+        kind,
+        study_id=request.study_id,
+        options=request.options,
+        edited=request.spec,
+        dry_run=dry_run,
+        policy=settings.execution_policy,
+    )
+    if dry_run:
+        response.status_code = status.HTTP_200_OK
+    return answer

@@ -90,6 +90,8 @@ def mismatches(old: StudySpec, new: StudySpec) -> Iterator[str]:
 
 
 def _not_contained(hp: Hyperparameter, theirs: list[Hyperparameter]) -> str | None:
+    if hp.role == "fixed" and _insensitive_inside(hp, theirs):
+        return None
     if hp.role == "fixed":
         if any(t.role == "fixed" and value_key(t.value) == value_key(hp.value) for t in theirs):
             return None
@@ -109,6 +111,16 @@ def _not_contained(hp: Hyperparameter, theirs: list[Hyperparameter]) -> str | No
     return f"range [{hp.min}, {hp.max}] here is not inside {ranges} there"
 
 
+def _insensitive_inside(hp: Hyperparameter, theirs: list[Hyperparameter]) -> bool:
+    """A value fixed because the objective hardly depends on it (`source: "insensitive"`, the
+    exploit recipe, docs/rounds.md) inside a range searched there: the earlier trials still inform
+    the model, their value of it is set aside (`_place`)."""
+    return hp.source == "insensitive" and any(
+        t.varied and t.type in ("float", "int") and bayes.to_unit(t, hp.value) == bayes.to_unit(t, hp.value)
+        for t in theirs
+    )
+
+
 def _place(spec: StudySpec, space: bayes.ArmSpace, params: dict[str, Any]) -> list[float] | None:
     """The trial's full unit point in the new study for this arm, None when its params are not a
     point of the arm (another arm's value, another fixed value, outside a narrowed range)."""
@@ -116,7 +128,7 @@ def _place(spec: StudySpec, space: bayes.ArmSpace, params: dict[str, Any]) -> li
         if name not in params or value_key(params[name]) != value_key(value):
             return None
     for hp in spec.hyperparameters:
-        fixed_here = hp.role == "fixed" and hp.holds(space.arm) and hp.name in params
+        fixed_here = hp.role == "fixed" and hp.source != "insensitive" and hp.holds(space.arm) and hp.name in params
         if fixed_here and value_key(params[hp.name]) != value_key(hp.value):
             return None
     point = [bayes.to_unit(hp, params.get(hp.name)) for hp in space.declarations]
