@@ -50,7 +50,7 @@ class ExecutionPolicy:
             return None
         return (
             f"workload module {module!r} is not allowed on this fleet; its operator may allow it with "
-            f"--allow-workload / {WORKLOADS_ENV} (module globs such as 'mylab.*')"
+            f"--allow-workload GLOB on hpo server and hpo worker, or {WORKLOADS_ENV} (module globs such as 'mylab.*')"
         )
 
     def command_refusal(self, argv: Sequence[str]) -> str | None:
@@ -63,7 +63,8 @@ class ExecutionPolicy:
         shown = shlex.join(list(argv)[:3]) + (" ..." if len(argv) > 3 else "")
         return (
             f"command {shown!r} is not allowed on this fleet; its operator may allow it with "
-            f"--allow-command / {COMMANDS_ENV} (argv prefixes such as 'python train.py')"
+            f"--allow-command PREFIX on hpo server and hpo worker, or {COMMANDS_ENV} (argv prefixes such as "
+            "'{python} train.py')"
         )
 
     def env_refusal(self, env: object) -> EnvRefusal | None:

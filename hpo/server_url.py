@@ -7,6 +7,7 @@ Accepted forms (as Optuna's `--storage` and Ray's `--address` users expect): `ho
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.error
@@ -74,6 +75,8 @@ def _get_json(url: str, timeout: float) -> object | None:
             raw = response.read(65536)
     except urllib.error.HTTPError:
         return "http-error"
+    except http.client.HTTPException:  # it answers, but not in HTTP (an SSH or database port)
+        return "not-http"
     except (urllib.error.URLError, OSError, ValueError):
         return None
     try:

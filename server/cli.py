@@ -49,6 +49,30 @@ def register(subparsers: Any) -> None:
         help="requests in progress at once, per server process, before answering 503; the health checks are "
         "always answered (default 2000)",
     )
+    parser.add_argument(
+        "--allow-workload",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="accept studies whose user workload's module matches GLOB (repeatable; adds to $HPO_ALLOWED_WORKLOADS; "
+        "default none). Give the workers the same: the server's list only refuses other studies early",
+    )
+    parser.add_argument(
+        "--allow-command",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="accept studies whose trainer.command starts with PREFIX (shell-quoted, e.g. '{python} train.py'; "
+        "repeatable; adds to $HPO_ALLOWED_COMMANDS; default none), as hpo worker --allow-command",
+    )
+    parser.add_argument(
+        "--allow-env",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="accept studies setting these trainer.env names (repeatable; adds to $HPO_ALLOWED_ENV; default: the "
+        "short list in docs/security.md), as hpo worker --allow-env",
+    )
     parser.set_defaults(handler=_serve)
 
 
@@ -56,13 +80,15 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from hpo.cli import CliError
+    from hpo.policy import PolicyError
     from hpo.server.config import ServerSettings
     from hpo.settings import Settings, SettingsError
 
     try:
+        _export_allow_lists(args)  # every server process reads its settings from the environment
         settings = Settings.from_env()
         server = ServerSettings.from_env()  # read again by each server process (hpo.server.asgi)
-    except SettingsError as exc:
+    except (SettingsError, PolicyError) as exc:
         raise CliError(str(exc)) from None
     if server.max_unauthenticated >= args.limit_concurrency:
         raise CliError(
@@ -99,6 +125,21 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_allow_lists(args: argparse.Namespace) -> None:
+    """`--allow-workload/--allow-command/--allow-env` added to the `HPO_ALLOWED_*` variables that
+    every server process reads (one story with `hpo worker`'s options of the same names)."""
+    import json
+
+    from hpo.policy import COMMANDS_ENV, ENV_ENV, WORKLOADS_ENV, ExecutionPolicy
+
+    if not (args.allow_workload or args.allow_command or args.allow_env):
+        return
+    policy = ExecutionPolicy.from_env().merged(args.allow_workload, args.allow_command, args.allow_env)
+    os.environ[WORKLOADS_ENV] = ",".join(policy.workload_globs)
+    os.environ[COMMANDS_ENV] = json.dumps([list(prefix) for prefix in policy.command_prefixes])
+    os.environ[ENV_ENV] = ",".join(policy.env_globs)
+
+
 def token_weakness(token: str) -> str | None:
     """Why `token` is too weak to guard a server that others can reach, or None."""
     if len(token) < MIN_TOKEN_LENGTH:
@@ -127,6 +168,8 @@ def _check_port(host: str, port: int) -> None:
     from hpo.cli import CliError
 
     with socket.socket() as sock:
+        # As uvicorn binds: a port whose last server just exited (TIME_WAIT) is free to take.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

@@ -15,6 +15,8 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from hpo.collector_spec import CollectorSpec
+from hpo.command_template import template_errors
 from hpo.policy import ExecutionPolicy
 from hpo.trainer.config import TRAINING_HYPERPARAMETERS
 from hpo.trainer.config import TrainerSettings as _RunSettings
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 # (it would name an arbitrary file for torch to load).
 _WORKER_ONLY = frozenset({"resume_from"})
 # A user program instead of a workload (DESIGN.md, "A trainer is a command or a workload").
-COMMAND_KEYS = ("command", "workdir", "env", "silence_timeout_seconds")
+COMMAND_KEYS = ("command", "workdir", "env", "silence_timeout_seconds", "metrics")
 TRAINER_KEYS: frozenset[str] = (
     (frozenset(_RunSettings.__dataclass_fields__) - _WORKER_ONLY)
     | frozenset(TRAINING_HYPERPARAMETERS)
@@ -61,7 +63,21 @@ def trainer_errors(spec: StudySpec) -> Iterator[FieldError]:
         yield from _options_errors(options)
     command = trainer_value(spec, "command")
     if command is not None:
-        yield from _command_errors(command)
+        errors = list(_command_errors(command))
+        yield from errors
+        if not errors:
+            names = {hp.name for hp in spec.hyperparameters}
+            for problem in template_errors(command, names):
+                yield FieldError(f"trainer.command[{problem.index}]", str(problem))
+    metrics = trainer_value(spec, "metrics")
+    if metrics is not None:
+        if command is None:
+            yield FieldError("trainer.metrics", "applies only to trainer.command (the trainer writes its own points)")
+        else:
+            try:
+                CollectorSpec.parse(metrics)
+            except ValueError as exc:
+                yield FieldError("trainer.metrics", str(exc))
     env = trainer_value(spec, "env")
     if env is not None:
         # The shape and the names no study may set, whatever the operator allows; the operator's

@@ -77,7 +77,8 @@ def fallback_checkpoint(missing: Path, max_step: int) -> Path | None:
         return None
     for path in missing.parent.iterdir():
         match = _STEP_IN_NAME.search(path.name)
-        if match is None or ".tmp" in path.name or not path.is_file():
+        # A file, or a folder for scripts whose checkpoints are folders (Hugging Face, Lightning).
+        if match is None or ".tmp" in path.name or not (path.is_file() or path.is_dir()):
             continue
         step = int(match.group(1))
         if step <= max_step and (best is None or step > best[0]):

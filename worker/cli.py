@@ -99,7 +99,7 @@ def _register_worker(subparsers: Any) -> None:
         default=[],
         metavar="GLOB",
         help="studies may also set these trainer.env names (e.g. 'WANDB_*'; repeatable; adds to $HPO_ALLOWED_ENV). "
-        "Default: only the short list in docs/security.md; names the worker sets (devices, threads, ranks) never",
+        "default: only the short list in docs/security.md; names the worker sets (devices, threads, ranks) never",
     )
     parser.add_argument(
         "--run-as",
@@ -107,7 +107,7 @@ def _register_worker(subparsers: Any) -> None:
         metavar="USER|FIRST-LAST",
         help="run trial processes as this user, or as one uid of this range per running trial (e.g. 20000-20063), "
         "so a trial cannot read the worker's token or touch other trials (the worker must run as root; "
-        "docs/security.md). Default: the worker's own user",
+        "docs/security.md; default: the worker's own user)",
     )
     parser.add_argument(
         "--pass-env",
@@ -115,7 +115,7 @@ def _register_worker(subparsers: Any) -> None:
         default=[],
         metavar="GLOB",
         help="also give trial processes these variables of the worker's environment (e.g. NCCL_SOCKET_IFNAME, "
-        "'HF_*'; repeatable). Default: only the locale, PATH, library paths, devices and thread counts",
+        "'HF_*'; repeatable; default: none beyond the locale, PATH, library paths, devices and thread counts)",
     )
     parser.add_argument(
         "--workdir-root",

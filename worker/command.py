@@ -38,10 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hpo.collector_spec import CollectorSpec
 from hpo.lifetime import die_with_parent
 from hpo.trainer.config import Objective
+from hpo.trainer.reporters import report_deleted
 from hpo.trainer.retention import kept_steps
 
+from .collectors import collector_for
 from .confine import Identity, children_of, hand_over, kill_descendants, seal, trial_environment
 from .reporter import MetricsTail
 
@@ -98,6 +101,9 @@ class CommandSettings:
     # operator's `--pass-env` globs of the worker's environment it may see.
     identity: Identity | None = None
     pass_env: tuple[str, ...] = ()
+    # `trainer.metrics` (hpo.collector_spec): what rank 0 turns into metric points besides the
+    # script's own metrics.jsonl.
+    collector: CollectorSpec = field(default_factory=CollectorSpec)
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
     silence_timeout_seconds: float = DEFAULT_SILENCE_TIMEOUT_SECONDS
     poll_seconds: float = 0.05
@@ -182,9 +188,15 @@ class CommandRun:
         self.objective_mode = str(objective.get("mode", "min"))
         self.keep_best = int(trainer.get("keep_best_checkpoints", 3))
         self.tail = MetricsTail(settings.out_dir / METRICS_FILE)
+        out = settings.out_dir
+        self.collector = (
+            collector_for(settings.collector, out, out / STDOUT_FILE, out / METRICS_FILE) if sink is not None else None
+        )
+        self.names: set[str] = set()  # metric names the command wrote
         self.ckpt_dir = settings.out_dir / CHECKPOINT_DIR
         self.objectives: dict[int, float] = {}
-        self.recorded: set[int] = set()
+        self.recorded: set[int] = set()  # checkpoint steps seen
+        self.told: set[int] = set()  # ... and reported to the sink, while their files exist
         self.points = 0
         self.last_step: int | None = None
         self.last_activity = time.monotonic()
@@ -275,21 +287,32 @@ class CommandRun:
     # -- files -----------------------------------------------------------------------------------
 
     def poll_files(self) -> bool:
-        """Reads new metric points and complete checkpoints; True when there was anything new."""
+        """Reads new metric points and complete checkpoints; True when there was anything new.
+        Checkpoint records follow the files: a recorded checkpoint that is gone (retention here,
+        or the script's own, such as Lightning's `save_top_k`) is reported deleted, so the server
+        never offers it as a resume point (DESIGN.md, "Third wave")."""
         if self.sink is None:
             return False
+        if self.collector is not None:
+            self.collector.collect()
         new = self._read_points()
-        found = {step: path for step, path in list_checkpoints(self.ckpt_dir).items() if step not in self.recorded}
-        if not found:
-            return new
-        self.recorded.update(found)
-        self._prune()
+        present = list_checkpoints(self.ckpt_dir)
+        found = {step: path for step, path in present.items() if step not in self.recorded}
+        if found:
+            self.recorded.update(found)
+            if self._prune(present):
+                present = list_checkpoints(self.ckpt_dir)
+        gone = sorted(self.told - set(present))
+        if gone:
+            self.told -= set(gone)
+            report_deleted(self.sink, gone)
         # Like the trainer, record only what retention keeps (the newest always is); several
         # checkpoints that appeared between two polls may leave only the best of them.
-        for step, path in sorted(found.items()):
-            if path.exists():
-                self.sink.checkpoint(step, str(path), self.objectives.get(step))
-        return True
+        for step in sorted(found):
+            if step in present:
+                self.sink.checkpoint(step, str(present[step]), self.objectives.get(step))
+                self.told.add(step)
+        return new or bool(found) or bool(gone)
 
     def _read_points(self) -> bool:
         assert self.sink is not None
@@ -303,16 +326,17 @@ class CommandRun:
             for point in points:
                 step, name, value = point["step"], point["name"], point["value"]
                 self.points += 1
+                self.names.add(name)
                 self.last_step = step if self.last_step is None else max(self.last_step, step)
                 if name == self.objective_metric and value == value:
                     self.objectives[step] = value
                 self.sink.metrics(step, {name: value})
 
-    def _prune(self) -> None:
+    def _prune(self, present: dict[int, Path]) -> bool:
         """The trainer's retention: the `keep_best` best checkpoints by the objective and the newest;
         and the newest one the server recorded, which a later attempt would resume from (during a
-        server outage the script goes on checkpointing, and none of the newer ones is recorded)."""
-        present = list_checkpoints(self.ckpt_dir)
+        server outage the script goes on checkpointing, and none of the newer ones is recorded).
+        Answers whether it deleted anything."""
         keep = kept_steps(
             {step: self.objectives.get(step) for step in present},
             self.keep_best,
@@ -321,12 +345,13 @@ class CommandRun:
         recorded = getattr(self.sink, "newest_recorded", None)
         if recorded is not None:
             keep.add(recorded)
-        for step, path in present.items():
-            if step not in keep:
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
+        doomed = [path for step, path in present.items() if step not in keep]
+        for path in doomed:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        return bool(doomed)
 
     # -- the answer ------------------------------------------------------------------------------
 
@@ -357,11 +382,26 @@ class CommandRun:
                 return CommandResult(
                     "config",
                     f"the command exited with status 0 but wrote no metric point to $HPO_OUT_DIR/{METRICS_FILE} "
-                    f"(see docs/scripts.md){self._stderr_tail()}",
+                    f"{self._collector_hint()}(see docs/scripts.md){self._stderr_tail()}",
+                    step,
+                )
+            if self.sink is not None and self.objective_metric not in self.names and not resumed:
+                # The study's objective would be empty: every conclusion on this trial would be
+                # "infeasible" with no reason. Retrying cannot help either.
+                wrote = ", ".join(sorted(self.names)[:20])
+                return CommandResult(
+                    "config",
+                    f"the command completed without writing the objective metric {self.objective_metric!r}; "
+                    f"it wrote {wrote} (name the objective as the script writes it, or alias it: docs/scripts.md)",
                     step,
                 )
             return CommandResult("completed", "", step)
         return CommandResult("error", f"the command {describe_exit(returncode)}{self._stderr_tail()}", step)
+
+    def _collector_hint(self) -> str:
+        if self.s.collector.collector == "file":
+            return 'nor printed points for a collector (set trainer.metrics to "stdout" or "tensorboard") '
+        return f"and its {self.s.collector.collector} collector found none "
 
     def _stderr_tail(self) -> str:
         lines = stderr_tail(self.s.out_dir / STDERR_FILE)

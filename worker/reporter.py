@@ -118,6 +118,7 @@ class HttpReporter:
         self._flush_points, self._flush_seconds = flush_points, flush_seconds
         self._checkpoints: deque[tuple[int, str, float | None]] = deque()
         self._deleted: set[int] = set()  # steps whose files retention deleted, not yet told
+        self._recorded: dict[int, tuple[str, float | None]] = {}  # records the server holds: uri, objective
         self._delivered_step = -1
         self._unflushed = 0
         self._wake, self._closing = threading.Event(), threading.Event()
@@ -145,11 +146,13 @@ class HttpReporter:
         self._wake.set()
 
     def checkpoints_deleted(self, steps: list[int]) -> None:
-        """Retention deleted these steps' files: records not yet sent are dropped, the others are
-        deleted on the server with the next checkpoint record (which always follows)."""
+        """These steps' files are gone: records not yet sent are dropped, the others are deleted on
+        the server with the next delivery (with the next record, or by re-sending the newest
+        surviving one), so the server does not offer a deleted file as a resume point."""
         gone = set(steps)
         self._checkpoints = deque(c for c in self._checkpoints if c[0] not in gone)
         self._deleted |= gone
+        self._wake.set()
 
     def should_stop(self) -> bool:
         if self.lease_lost:
@@ -221,13 +224,39 @@ class HttpReporter:
             deleted = sorted(self._deleted)
             try:
                 self._client.post_checkpoint(self._trial_id, self._lease_id, step, uri, objective, retry_for, deleted)
-                self._deleted -= set(deleted)
-                self.newest_recorded = max(step, self.newest_recorded or step)
+                self._recorded[step] = (uri, objective)
+                self._forget(deleted)
             except ProtocolError as exc:
                 if isinstance(exc, LeaseLost):
                     raise
                 _log.error("trial %d: checkpoint at step %d refused, not recorded: %s", self._trial_id, step, exc)
             self._checkpoints.popleft()
+        if self._deleted and not self._checkpoints:
+            self._send_deletions(retry_for)
+
+    def _send_deletions(self, retry_for: float) -> None:
+        """Deletes the records of deleted files now, by re-sending the newest surviving record (the
+        call is idempotent on its step) with them; with no surviving record, the next one carries them."""
+        surviving = [step for step in self._recorded if step not in self._deleted]
+        if not surviving:
+            return
+        step = max(surviving)
+        uri, objective = self._recorded[step]
+        deleted = sorted(self._deleted)
+        try:
+            self._client.post_checkpoint(self._trial_id, self._lease_id, step, uri, objective, retry_for, deleted)
+        except ProtocolError as exc:
+            if isinstance(exc, LeaseLost):
+                raise
+            _log.error("trial %d: deleting checkpoint records %s refused: %s", self._trial_id, deleted, exc)
+            return
+        self._forget(deleted)
+
+    def _forget(self, deleted: list[int]) -> None:
+        self._deleted -= set(deleted)
+        for step in deleted:
+            self._recorded.pop(step, None)
+        self.newest_recorded = max(self._recorded) if self._recorded else None
 
     def _send_points(self, points: list[dict[str, Any]], retry_for: float) -> None:
         try:

@@ -31,10 +31,15 @@ from typing import Any, Protocol
 
 import ray
 
+from hpo.collector_spec import CollectorSpec
+from hpo.command_template import expand
 from hpo.lifetime import become_subreaper, make_undumpable
 
 from .client import ServerClient
+from .collectors import CollectorUnavailable
+from .collectors import require as require_collector
 from .command import (
+    CONFIG_FILE,
     DEFAULT_SILENCE_TIMEOUT_SECONDS,
     DEFAULT_STOP_GRACE_SECONDS,
     CommandRun,
@@ -194,6 +199,10 @@ def run_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | None = Non
         if rank != 0:
             raise
         return Outcome("error", f"could not confine the trial on this node: {exc}")
+    except CollectorUnavailable as exc:  # trainer.metrics this worker cannot collect
+        if rank != 0:
+            raise
+        return Outcome("config", str(exc))
 
 
 @contextlib.contextmanager
@@ -217,22 +226,38 @@ def _process_settings(
     job: TrialJob, rank: int, out_dir: Path, launcher_env: dict[str, str] | None, identity: Identity | None
 ) -> CommandSettings:
     trainer = job.config.get("trainer") or {}
+    collector = CollectorSpec.parse(trainer.get("metrics"))
+    require_collector(collector)
     extra = spec_environment(trainer, launcher_env)
     if not is_command(job.config):
         # A workload imports from where this process imports (the worker's package, the operator's
         # modules): hpo sets the search path, never the spec (hpo.policy.PROTECTED_ENV).
         extra["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return CommandSettings(
-        argv=trial_argv(job),
+        argv=tuple(expand(trial_argv(job), job.config.get("params") or {}, _builtins(job, out_dir))),
         cwd=Path(job.command_cwd) if is_command(job.config) and job.command_cwd else out_dir,
         out_dir=out_dir,
         rank=rank,
         extra_env=extra,
         identity=identity,
         pass_env=job.pass_env,
+        collector=collector,
         stop_grace_seconds=job.stop_grace_seconds,
         silence_timeout_seconds=float(trainer.get("silence_timeout_seconds") or DEFAULT_SILENCE_TIMEOUT_SECONDS),
     )
+
+
+def _builtins(job: TrialJob, out_dir: Path) -> dict[str, str]:
+    """What `{seed}`, `{out_dir}`, `{resume_from}`, `{config}` and `{python}` stand for in a
+    command (hpo.command_template)."""
+    trainer = job.config.get("trainer") or {}
+    return {
+        "seed": str(job.config.get("seed", 0)),
+        "out_dir": str(out_dir),
+        "resume_from": str(trainer.get("resume_from") or ""),
+        "config": str(out_dir / CONFIG_FILE),
+        "python": sys.executable,
+    }
 
 
 def _supervise_here() -> None:

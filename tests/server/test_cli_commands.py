@@ -222,3 +222,41 @@ def test_a_study_of_failed_trials_says_why(client: httpx.Client, capsys: pytest.
     out = capsys.readouterr().out
     assert "note: 3 failed trial(s) are left out of this analysis" in out
     assert "note: no trial has finished training yet" in out
+
+
+@pytest.fixture
+def not_http() -> Iterator[str]:
+    """A port that answers, but not in HTTP (an SSH server's greeting)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                continue
+            with connection:
+                connection.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+                connection.recv(1024)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join(2)
+    listener.close()
+
+
+def test_a_port_that_does_not_speak_http_is_one_line_not_a_traceback(
+    not_http: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["study", "list", "--server", not_http]) == 2
+    assert "not an hpo server" in _one_line(capsys)
+    assert main(["worker", "--server", not_http]) == 2
+    assert "not an hpo server" in _one_line(capsys)

@@ -140,3 +140,51 @@ def test_a_client_trickling_headers_is_cut_off(tmp_path: Path, monkeypatch: pyte
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def _start(port: int, tmp_path: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "HPO_DATABASE_URL": f"sqlite:///{tmp_path / 'hpo.db'}",
+        "HPO_SESSION_SECRET_FILE": str(tmp_path / "key"),
+    }
+    for name in ("HPO_ALLOWED_COMMANDS", "HPO_ALLOWED_WORKLOADS", "HPO_ALLOWED_ENV", "HPO_API_TOKEN"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "hpo.cli", "server", "--port", str(port), *extra]
+    process = subprocess.Popen(command, env=env)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, f"hpo server exited with {process.returncode}"
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_the_servers_allow_list_options_and_a_restart_on_the_same_port(tmp_path: Path) -> None:
+    """`hpo server --allow-command` exists and matches the worker's option; a server restarted at
+    once on the port the last one held starts (SO_REUSEADDR, as uvicorn binds), not "in use"."""
+    port = free_port()
+    spec = {
+        "name": "s",
+        "hyperparameters": [{"name": "learning_rate", "role": "fixed", "value": 0.1}],
+        "trainer": {"command": ["{python}", "train.py", "--lr={learning_rate}"]},
+    }
+    server = _start(port, tmp_path, "--allow-command", "{python} train.py")
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            assert http.post("/api/v1/studies", json=spec).status_code == 201
+            other = {**spec, "name": "t", "trainer": {"command": ["{python}", "evil.py"]}}
+            refused = http.post("/api/v1/studies", json=other)
+            assert refused.status_code == 422 and "hpo server" in refused.text, refused.text
+            # The server closes this kept-alive connection when it stops: its port is in TIME_WAIT.
+            server.send_signal(signal.SIGTERM)
+            server.wait(30)
+        server = _start(port, tmp_path)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)

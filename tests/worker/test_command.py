@@ -144,7 +144,7 @@ def test_a_script_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path
 
 
 def test_processes_that_outlive_the_script_are_killed_with_its_group(tmp_path: Path) -> None:
-    result, _ = run(tmp_path, config(steps=5, mode="orphan"))
+    result, _ = run(tmp_path, config(steps=5, every=5, mode="orphan"))
     assert result.status == "completed"
     pid = int((tmp_path / "out" / "orphan.pid").read_text())
     deadline = time.monotonic() + 5

@@ -6,6 +6,7 @@ script that ignores SIGTERM is killed after the grace period."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -241,3 +242,36 @@ def _reachable_and(done: Any) -> Any:
             return False
 
     return check
+
+
+def test_checkpoint_records_follow_the_scripts_own_deletions_and_a_killed_trial_resumes_from_a_survivor(
+    server: Any, ray_address: str
+) -> None:
+    """The script keeps only its first checkpoint and its newest (folders, as Hugging Face and
+    Lightning write them). The server must never keep records of the folders it deleted, and a
+    trial whose worker is SIGKILLed resumes from a checkpoint that still exists."""
+    live, http, settings = server
+    study = create_study(http, command_study({"step_seconds": 0.05, "mode": "keep_first"}, steps=120))
+    (trial,) = trials(http, study["id"])
+    worker = start_worker(live.url, ray_address, settings)
+    try:
+
+        def past_step_45() -> bool:
+            return max((s for s, _ in metric_steps(http, trial["id"], "train/loss")), default=0) >= 45
+
+        wait_until(past_step_45, 90, "the trial to be past step 45")
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        run_worker(live.url, settings, study_done(http, study["id"]))
+    finally:
+        worker.kill()
+    done = http.get(f"{API}/trials/{trial['id']}").json()
+    assert (done["status"], done["attempt"]) == ("completed", 2), done
+    attempt2 = settings.artifact_root / "trials" / str(trial["id"]) / "attempt-2"
+    resume_from = json.loads((attempt2 / "hpo-config.json").read_text())["resume_from"]
+    assert resume_from is not None and Path(resume_from).is_dir(), f"resumed from {resume_from!r}"
+    assert first_step_of(settings, trial["id"], 2) > 1, "attempt 2 started from scratch"
+    records = http.get(f"{API}/trials/{trial['id']}/checkpoints").json()
+    latest = [c["step"] for c in records if c["uri"].startswith(f"trials/{trial['id']}/attempt-2/")]
+    on_disk = sorted(int(p.name.removeprefix("step-")) for p in (attempt2 / "checkpoints").glob("step-*"))
+    assert sorted(latest) == on_disk, f"records {sorted(latest)} for files {on_disk}"

@@ -2,12 +2,15 @@
 Its "loss" is a pure function of (seed, step), so a resumed run must reproduce an uninterrupted one.
 Behaviour on cue from params: `step_seconds`, `fail_at_step` (raises), `infeasible_at_step`,
 `mode`: `silent` (never writes), `crash` (exits 3 at once), `orphan` (leaves a child behind),
-`stubborn` (ignores SIGTERM), `quiet_exit` (exits 0 without a point)."""
+`stubborn` (ignores SIGTERM), `quiet_exit` (exits 0 without a point), `keep_first` (checkpoints
+are folders, and after each save the script deletes every checkpoint but its first and the one
+just saved, as a framework's own retention such as Lightning's `save_top_k` would)."""
 
 import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,12 +42,27 @@ def loss(seed: int, step: int) -> float:
 
 
 def save(step: int) -> None:
+    if mode == "keep_first":
+        with s.checkpoint(step, "") as folder:
+            folder.mkdir()
+            (folder / "state.json").write_text(json.dumps({"step": step, "pid": os.getpid()}))
+        for old in s.checkpoint_dir.glob("step-*"):
+            if old.name not in (f"step-{every}", f"step-{step}"):
+                shutil.rmtree(old)
+        return
     with s.checkpoint(step, ".json") as path:
         path.write_text(json.dumps({"step": step, "pid": os.getpid()}))
 
 
-start = json.loads(Path(s.resume_from).read_text())["step"] if s.resume_from else 0
+def resumed_step() -> int:
+    if not s.resume_from:
+        return 0
+    state = Path(s.resume_from)
+    return int(json.loads((state / "state.json" if state.is_dir() else state).read_text())["step"])
+
+
 every = s.eval_every_steps
+start = resumed_step()
 for step in range(start + 1, s.max_train_steps + 1):
     time.sleep(float(p.get("step_seconds", 0.0)))
     if p.get("fail_at_step") == step:
