@@ -5,9 +5,14 @@ docs/analysis.md.
 - Overfitting screen (curves.overfitting_screen): validation error falls from chance (0.9) to
   0.05 by step 600 of 2,000, then rises by `rise` (relative to 0.05) to the end; Gaussian noise of
   sd 0.002 per evaluation; 20 or 200 evaluations. Rise 0 is the false-alarm case.
-- Divergence (divergence.judge): training loss from ln 10 down to 0.1, then from a random step in
-  the run either blown up to 1e3-1e7 (detection) or a mild late rise to 1.5x its initial value, or
-  a clean curve with 30% spikes (false alarms).
+- Divergence (hpo.trainer.divergence.judge, the one definition): 200 logged training losses from
+  ln 10 down to 0.1 (5% noise) and 20 evaluations of a 10-class error rate or accuracy, then one
+  way of going wrong from a random step (detection) or a harmless look-alike (false alarm); see
+  DIVERGENCE_KINDS.
+- Lone outlier evaluations (outliers.robust_best): a glitched 0.0 at a random interior evaluation
+  of a converged error-rate curve (detection), clean, quantized and lucky-last curves (false alarms).
+- Infeasible trials concentrated in one categorical value (feasibility.value_concentration): 24
+  trials over 3 values; one value always fails (detection) or failures are spread evenly.
 - Arm comparison (arms.comparison): two arms whose replica values differ by `gap` trial-variance
   sds, n replicas each; rate of the verdict `different`. Gap 0 is the false-alarm case.
 
@@ -26,9 +31,12 @@ import numpy as np
 
 from hpo.server.analysis.arms import arm_summaries, comparison
 from hpo.server.analysis.curves import overfitting_screen
-from hpo.server.analysis.divergence import judge
+from hpo.server.analysis.feasibility import value_concentration
 from hpo.server.analysis.model import Curve, TrialSummary
+from hpo.server.analysis.outliers import robust_best
 from hpo.server.analysis.queries import CurveStats
+from hpo.server.analysis.space import dimensions
+from hpo.trainer.divergence import Series, judge
 
 HORIZON = 2000
 
@@ -63,40 +71,127 @@ def stats(curves: list[tuple[np.ndarray, np.ndarray]], first_step: int) -> Curve
             )
         )
     a = np.array(rows, dtype=float)
-    return CurveStats(np.arange(1, len(curves) + 1), *(a[:, i] for i in range(10)))
+    last = np.array([float(steps.max()) for steps, _ in curves])
+    return CurveStats(np.arange(1, len(curves) + 1), *(a[:, i] for i in range(10)), last)
 
 
 def overfit_rate(rise: float, evals: int, studies: int, rng: np.random.Generator) -> float:
     steps = np.linspace(HORIZON / evals, HORIZON, evals).astype(int)
-    curves, trials = [], []
+    curves, train, trials = [], [], []
     for i in range(studies):
         clean = 0.05 + 0.85 * np.exp(-steps / 120)
         valid = clean + 0.05 * rise * np.clip((steps - 600) / 1400, 0, None) + 0.002 * rng.normal(size=evals)
         curves.append((steps, valid))
+        train.append((steps, 0.01 + 2.0 * np.exp(-steps / 300) * (1 + 0.03 * rng.normal(size=evals))))
         best = int(np.argmin(valid))
         trials.append(TrialSummary(i + 1, i, {}, {}, "completed", float(valid[best]), int(steps[best])))
-    screen = overfitting_screen(trials, stats(curves, int(steps[0])), None, 1.0, ())
+    first = int(steps[0])
+    screen = overfitting_screen(trials, stats(curves, first), stats(train, first), 1.0, ())
     return screen["flagged"] / studies
 
 
+LOSS_STEPS = np.arange(10, HORIZON + 1, 10)
+EVAL_STEPS = np.arange(100, HORIZON + 1, 100)
+# (kind, is a detection case). Training loss unless the name says accuracy.
+DIVERGENCE_KINDS = (
+    ("NaN from a random step", True),
+    ("blow-up to 1e3-1e7 that stays", True),
+    ("blow-up ~1e6 for 5-30 logs, then back at chance", True),
+    ("blow-up with a dip at the last 3 logs", True),
+    ("collapse to chance after learning", True),
+    ("slow climb to 2-6x the initial loss", True),
+    ("accuracy at chance (10 classes, eval sd 0.016)", True),
+    ("clean", False),
+    ("2 logs spiking to 100x, then trains well", False),
+    ("30% of late logs spiking to 10x", False),
+    ("mild late rise to 1.5x its minimum", False),
+    ("slow learner ending at 0.9x its initial loss", False),
+    ("accuracy of a weak learner (0.13-0.2)", False),
+)
+
+
+def _loss(rng: np.random.Generator) -> np.ndarray:
+    return 0.1 + (math.log(10) - 0.1) * np.exp(-LOSS_STEPS / 200) * (1 + 0.05 * rng.normal(size=LOSS_STEPS.size))
+
+
+def planted_run(kind: str, rng: np.random.Generator) -> tuple[dict[str, Series], str, str]:
+    """(curves, objective, mode) of one run of `kind`."""
+    loss, initial = _loss(rng), math.log(10)
+    at = int(rng.integers(200, 1800))
+    late = at <= LOSS_STEPS
+    error = 0.1 + 0.8 * np.exp(-EVAL_STEPS / 200) + 0.004 * rng.normal(size=EVAL_STEPS.size)
+    if kind.startswith("NaN"):
+        loss = np.where(late, np.nan, loss)
+    elif kind.startswith("blow-up to"):
+        loss = np.where(late, 10 ** rng.uniform(3, 7) * (1 + 0.1 * rng.random(LOSS_STEPS.size)), loss)
+    elif kind.startswith("blow-up ~1e6"):
+        stretch = late & (at + 10 * int(rng.integers(5, 31)) > LOSS_STEPS)
+        loss = np.where(stretch, 1e6 * initial, np.where(late & ~stretch, initial + 0.01 * rng.normal(), loss))
+    elif kind.startswith("blow-up with a dip"):
+        loss = np.where(late, 50 * initial, loss)
+        loss[-3:] = 0.1
+    elif kind.startswith("collapse"):
+        loss = np.where(late, initial * (1 + 0.01 * rng.normal(size=LOSS_STEPS.size)), loss)
+        error = np.where(at <= EVAL_STEPS, 0.9, error)
+    elif kind.startswith("slow climb"):
+        top = rng.uniform(2, 6) * initial
+        loss = np.where(late, loss + (top - loss) * (LOSS_STEPS - at) / max(HORIZON - at, 1), loss)
+    elif kind.startswith("2 logs"):
+        loss[int(rng.integers(20, 150)) + np.arange(2)] = 100 * initial
+    elif kind.startswith("30%"):
+        loss = np.where((LOSS_STEPS >= 1500) & (rng.random(LOSS_STEPS.size) < 0.3), 10 * initial, loss)
+    elif kind.startswith("mild"):
+        loss = np.where(LOSS_STEPS >= 1500, 1.5 * np.min(loss), loss)
+    elif kind.startswith("slow learner"):
+        loss = initial * (0.9 + 0.1 * np.exp(-LOSS_STEPS / 400)) * (1 + 0.005 * rng.normal(size=LOSS_STEPS.size))
+    curves = {"train/loss": Series(LOSS_STEPS, loss), "valid/error_rate": Series(EVAL_STEPS, error)}
+    if kind.startswith("accuracy"):
+        level = 0.1 if "chance" in kind else rng.uniform(0.13, 0.2)
+        acc = level + 0.016 * rng.normal(size=EVAL_STEPS.size)
+        curves = {"train/loss": Series(LOSS_STEPS, _loss(rng)), "valid/accuracy": Series(EVAL_STEPS, acc)}
+        return curves, "valid/accuracy", "max"
+    return curves, "valid/error_rate", "min"
+
+
 def divergence_rate(kind: str, studies: int, rng: np.random.Generator) -> float:
-    steps = np.arange(10, HORIZON + 1, 10)
-    curves = []
+    hits = 0
     for _ in range(studies):
-        loss = 0.1 + (math.log(10) - 0.1) * np.exp(-steps / 200) * (1 + 0.05 * rng.normal(size=steps.size))
-        at = rng.integers(200, 1800)
-        if kind == "blow-up":
-            loss = np.where(steps >= at, 10 ** rng.uniform(3, 7) * (1 + 0.1 * rng.random(steps.size)), loss)
-        elif kind == "mild rise":
-            loss = np.where(steps >= at, 1.5 * math.log(10), loss)
-        else:  # spikes: 30% of the late points jump to 10x the initial loss
-            spikes = (steps >= 1500) & (rng.random(steps.size) < 0.3)
-            loss = np.where(spikes, 10 * math.log(10), loss)
-        curves.append((steps, loss))
-    trials = [TrialSummary(i + 1, i, {}, {}, "completed", 0.1) for i in range(studies)]
-    cut = int(0.75 * HORIZON)
-    late = {i + 1: Curve(s[s >= cut], v[s >= cut]) for i, (s, v) in enumerate(curves)}
-    return len(judge(trials, stats(curves, 10), late, "min", None)) / studies
+        curves, objective, mode = planted_run(kind, rng)
+        chance = (0.1, 1.0) if mode == "max" else (0.9, 0.0)
+        hits += judge(curves, objective, mode, chance=chance) is not None
+    return hits / studies
+
+
+def outlier_rate(kind: str, evals: int, studies: int, rng: np.random.Generator) -> float:
+    steps = np.linspace(HORIZON / evals, HORIZON, evals)
+    hits = 0
+    for _ in range(studies):
+        values = 0.1 + 0.8 * np.exp(-steps / 200) + 0.004 * rng.normal(size=evals)
+        if kind == "glitch":
+            values[int(rng.integers(evals // 3, evals - 1))] = 0.0
+        elif kind == "quantized":
+            values = np.round(values * 360) / 360
+        elif kind == "lucky last":
+            values[-1] = 0.1 - 0.012
+        hits += robust_best(Curve(steps, values), 1.0) is not None
+    return hits / studies
+
+
+SPACE = dimensions(
+    {"hyperparameters": [{"name": "activation", "role": "nuisance", "type": "categorical", "values": ["a", "b", "c"]}]}
+)
+
+
+def value_rate(kind: str, studies: int, rng: np.random.Generator) -> float:
+    hits = 0
+    for _ in range(studies):
+        trials = []
+        for i in range(24):
+            value = "abc"[i % 3]
+            bad = (value == "c" or rng.random() < 0.1) if kind == "one value fails" else rng.random() < 0.3
+            trials.append(TrialSummary(i + 1, i, {}, {"activation": value}, "infeasible" if bad else "completed", 0.1))
+        hits += value_concentration(SPACE, trials) is not None
+    return hits / studies
 
 
 def comparison_rate(gap: float, n: int, studies: int, rng: np.random.Generator) -> float:
@@ -123,12 +218,23 @@ def main() -> None:
     for rise in (0.0, 0.2, 0.5, 1.0):
         cells = [f"{overfit_rate(rise, e, args.studies, rng):.1%}" for e in (20, 200)]
         print(f"| {rise:.0%}{' (false alarm)' if rise == 0 else ''} | {' | '.join(cells)} |")
-    print(f"\ndivergence on stored curves ({args.studies} curves per cell): rate judged diverged")
-    print("| training loss | judged diverged |")
+    print(f"\ndivergence, one definition ({args.studies} runs per row): rate judged diverged")
+    print("| run | judged diverged |")
     print("|---|---|")
-    for kind in ("blow-up", "mild rise", "spikes"):
-        what = "" if kind == "blow-up" else " (false alarm)"
-        print(f"| {kind}{what} | {divergence_rate(kind, args.studies, rng):.1%} |")
+    for kind, detection in DIVERGENCE_KINDS:
+        print(f"| {kind}{'' if detection else ' (false alarm)'} | {divergence_rate(kind, args.studies, rng):.1%} |")
+    print(f"\nlone outlier evaluation ({args.studies} curves per cell): rate flagged")
+    print("| curve | 20 evaluations | 200 evaluations |")
+    print("|---|---|---|")
+    for kind in ("glitch", "clean", "quantized", "lucky last"):
+        cells = [f"{outlier_rate(kind, e, args.studies, rng):.1%}" for e in (20, 200)]
+        print(f"| {kind}{'' if kind == 'glitch' else ' (false alarm)'} | {' | '.join(cells)} |")
+    print(f"\ninfeasible trials concentrated in one value ({args.studies // 4} studies of 24 trials): rate named")
+    print("| failures | a value named |")
+    print("|---|---|")
+    for kind in ("one value fails", "30% spread evenly"):
+        what = "" if kind == "one value fails" else " (false alarm)"
+        print(f"| {kind}{what} | {value_rate(kind, args.studies // 4, rng):.1%} |")
     print(f"\narm comparison ({args.studies // 4} pairs per cell): rate of verdict `different`")
     print("| gap (trial-variance sd) | 3 replicas | 5 | 10 | 30 |")
     print("|---|---|---|---|---|")

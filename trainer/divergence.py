@@ -17,12 +17,14 @@ so the server imports it without the trainer's torch). A run has diverged when
    sustained: such a run stays feasible and feeds the analysis' instability hint instead (002,
    "Identifying unstable workloads": loss that "goes up not down during periods of training");
 3. *no better than chance*: where chance is known for the objective (`chance_of`: the trainer
-   reports per-class counts), its end level (`end_level`) is within `margin` of chance, the margin
+   reports per-class counts), its end level (`end_level`: the median of its last tenth) is within
+   `margin` of chance, the margin
    a share of the distance from chance to a perfect score, so it means the same for error rate,
    accuracy and loss (2 % of 0.9 for a 10-class error rate, 2 % of 0.9 for accuracy too, not 2 %
    of 0.1);
 4. *no better than its initial loss*: the training loss (the validation loss where no training
-   loss is logged) ends within `margin` of its initial value or above it. An untrained network's
+   loss is logged) ends within `margin` of its initial value or above it (its end level here the
+   lower quartile of its last tenth, so late spikes in a quarter of the logs do not count). An untrained network's
    cross-entropy is chance (ln K), so this is "back at chance" without per-class counts: a collapse
    after learning, a slow climb to several times the initial loss, a run that never learned.
 
@@ -47,9 +49,9 @@ DEFAULT_FACTOR = 3.0
 DEFAULT_PATIENCE = 20
 # "No better than chance / than the initial loss": within this share of the way from chance to perfect.
 DEFAULT_MARGIN = 0.02
-# The end level is the median of the points of the late part of training (the last quarter of
-# max_train_steps); a run with fewer than this many there uses its last points instead.
+# The end level is the median of the last tenth of a curve's points, and of at least this many.
 END_POINTS = 3
+LOSS_QUANTILE = 0.25
 TRAIN_LOSS = "train/loss"
 
 
@@ -167,18 +169,18 @@ def explosion(values: np.ndarray, factor: float, patience: int) -> tuple[int, in
     return (int(starts[long[0]]), int(ends[long[0]] - starts[long[0]])) if len(long) else None
 
 
-def end_level(series: Series, late_from: float) -> float:
-    """A run's end level, robust to a lucky or glitched last point: the median of its finite
-    points from step `late_from` (the last quarter of max_train_steps), or of its last
-    max(3, a tenth) points when fewer than 3 lie there (a run that stopped short)."""
-    keep = np.isfinite(series.values)
-    steps, values = series.steps[keep], series.values[keep]
+def end_level(series: Series, quantile: float = 0.5) -> float:
+    """A run's end level, robust to a lucky or glitched last point and to a short dip: the
+    `quantile` (the median by default) of its last tenth of finite points (at least `END_POINTS`)."""
+    values = series.values[np.isfinite(series.values)]
     if not len(values):
         return math.nan
-    late = values[steps >= late_from]
-    if len(late) < END_POINTS:
-        late = values[-max(END_POINTS, math.ceil(0.1 * len(values))) :]
-    return float(np.median(late))
+    return float(np.quantile(values[-end_points(len(values)) :], quantile))
+
+
+def end_points(n: int) -> int:
+    """How many of a curve's last points `end_level` reads."""
+    return max(END_POINTS, math.ceil(0.1 * n))
 
 
 def judge(
@@ -187,13 +189,12 @@ def judge(
     mode: str,
     *,
     chance: tuple[float, float] | None = None,
-    late_from: float = 0.0,
     rule: Rule = Rule(),
 ) -> str | None:
     """Why a run has diverged, or None (the rules of the module doc, in order). `curves` holds
     its training and validation losses and its objective by name (any may be missing);
-    `chance` is the objective's (chance, perfect) where known; `late_from` the first step of the
-    late part of training. The reason starts with its kind (`training loss diverged: ...`)."""
+    `chance` is the objective's (chance, perfect) where known. The reason starts with its kind
+    (`training loss diverged: ...`)."""
     losses = sorted((n for n in curves if is_loss(n)), key=lambda n: n != TRAIN_LOSS)
     for name in [*losses, *([objective] if objective in curves and objective not in losses else [])]:
         bad = ~np.isfinite(curves[name].values)
@@ -206,11 +207,11 @@ def judge(
             if found is not None:
                 return _exploded(name, curves[name], *found, rule.factor)
     if chance is not None and objective in curves:
-        reason = _at_chance(curves[objective], mode, chance, late_from, rule.margin)
+        reason = _at_chance(curves[objective], mode, chance, rule.margin)
         if reason is not None:
             return reason
     own = next((n for n in losses if n == TRAIN_LOSS), losses[0] if losses else None)
-    return None if own is None else _no_better(own, curves[own], late_from, rule.margin)
+    return None if own is None else _no_better(own, curves[own], rule.margin)
 
 
 def _label(name: str) -> str:
@@ -226,20 +227,21 @@ def _exploded(name: str, series: Series, start: int, length: int, factor: float)
     )
 
 
-def _at_chance(series: Series, mode: str, chance: tuple[float, float], late_from: float, margin: float) -> str | None:
+def _at_chance(series: Series, mode: str, chance: tuple[float, float], margin: float) -> str | None:
     level, perfect = chance
-    end = end_level(series, late_from)
+    end = end_level(series)
     sign = 1.0 if mode == "min" else -1.0
     if not sign * end >= sign * level - margin * abs(perfect - level):
         return None
     return f"no better than chance: ends at {end:.4g}, chance {level:.4g}"
 
 
-def _no_better(name: str, series: Series, late_from: float, margin: float) -> str | None:
+def _no_better(name: str, series: Series, margin: float) -> str | None:
     finite = series.values[np.isfinite(series.values)]
     if not len(finite) or finite[0] <= 0:
         return None
-    initial, end = float(finite[0]), end_level(series, late_from)
+    # The lower quartile: a loss whose late logs spike now and then still ends where most logs are.
+    initial, end = float(finite[0]), end_level(series, LOSS_QUANTILE)
     if not end >= (1.0 - margin) * initial:
         return None
     return f"{_label(name)} ends no better than its initial value: {end:.4g} against {initial:.4g} at the start"

@@ -11,8 +11,9 @@ infeasible and name the same best trial.
 
 Cost: the per-trial curve statistics (queries.curve_stats, one hash aggregate, kept between calls)
 pick the *candidates*: a trial can only be judged diverged when a statistic allows it (a
-non-finite point, a maximum above `factor` times the initial value, a late part no lower than the
-margin below the initial loss or chance, too few late points to say). Only the candidates' curves
+non-finite point, a maximum above `factor` times the initial value, a late part (the last quarter
+of max_train_steps) reaching no lower than the margin below the initial loss or chance, fewer late
+points than the last tenth of the curve that the end level reads). Only the candidates' curves
 are read and judged; every other trial is feasible by construction. Judged trials count as
 infeasible everywhere: the infeasible fraction and its warning, the instability hint, red crosses
 on the axis plots and charts, and they leave the best-of-k bootstrap."""
@@ -26,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 from sqlalchemy.orm import Session
 
-from hpo.trainer.divergence import TRAIN_LOSS, Rule, Series, chance_of, is_loss, judge
+from hpo.trainer.divergence import END_POINTS, TRAIN_LOSS, Rule, Series, chance_of, is_loss, judge
 
 from . import memo, queries
 from .model import Curve, TrialSummary
@@ -85,14 +86,13 @@ def _load_trials(
     stats = queries.curve_stats(session, study.id, names, horizon, TRAIN_LOSS)
     prefix = study.metric.rsplit("/", 1)[0] + "/" if "/" in study.metric else ""
     chance = chance_of(study.metric, queries.class_count(session, study.id, prefix))
-    cut = queries.late_cut(horizon)
     judged = [t for t in trials if _judged(t)]
     ids = candidates(stats, [t.id for t in judged], study.mode, chance, rule)
     curves = queries.curves_of(session, sorted(ids), names) if ids else {}
     reasons = {
         tid: reason
         for tid in ids
-        if (reason := diverged(curves.get(tid, {}), study.metric, study.mode, chance, cut, rule)) is not None
+        if (reason := diverged(curves.get(tid, {}), study.metric, study.mode, chance, rule)) is not None
     }
     last = _last_steps(stats)
     marked = [replace(t, diverged=reasons.get(t.id), last_step=last.get(t.id)) for t in trials]
@@ -110,12 +110,11 @@ def diverged(
     metric: str,
     mode: str,
     chance: tuple[float, float] | None,
-    cut: float,
     rule: Rule,
 ) -> str | None:
     """`hpo.trainer.divergence.judge` on one trial's stored curves."""
     series = {name: Series(c.steps, c.values) for name, c in curves.items()}
-    return judge(series, metric, mode, chance=chance, late_from=cut, rule=rule)
+    return judge(series, metric, mode, chance=chance, rule=rule)
 
 
 def candidates(
@@ -135,7 +134,9 @@ def candidates(
             continue
         with np.errstate(invalid="ignore"):
             flag = ~np.isfinite(s.maximum)  # a non-finite point somewhere (NaN is stored as +inf here)
-            few = s.late_n < 3
+            # the end level reads the last tenth of the points: the late part's extremes bound it
+            # only when that tenth lies inside the late part
+            few = s.late_n < np.maximum(END_POINTS, np.ceil(0.1 * s.n))
             if is_loss(name):
                 unknown = ~np.isfinite(s.first)
                 if rule.factor is not None:
