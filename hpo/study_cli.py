@@ -77,6 +77,22 @@ def register(subparsers: Any) -> None:
     )
     _json_flag(grow, "print the study resource as JSON")
 
+    retry = _command(
+        commands,
+        "retry",
+        "run the study's failed trials again as new trials (same params and seeds) and resume it if it paused "
+        "itself over them; e.g. once the operator allowed a command",
+        _retry,
+    )
+    retry.add_argument("study_id", type=int, help="the study's id")
+    retry.add_argument(
+        "--kind",
+        choices=("config", "error"),
+        default=None,
+        help="only failures of this kind (default: all)",
+    )
+    _json_flag(retry, "print the new trial ids as JSON")
+
 
 def _json_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument("--json", action="store_true", help=help_text + " (for scripts; default: text)")
@@ -206,6 +222,8 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     counts = study["trial_counts"]
     print(f"study {study['id']} {study['name']!r} [{study['status']}]")
+    if study.get("status_reason"):
+        print(f"  {study['status_reason']}")
     if study.get("description"):
         print(f"  {study['description']}")
     objective = study["objective"]
@@ -230,7 +248,21 @@ def _print_last_failure(args: argparse.Namespace, study: dict[str, Any]) -> None
     last = max(failed, key=lambda t: t["id"])
     print(f"  last failure: trial {last['id']} [{last.get('fail_kind') or 'error'}] {last.get('error') or ''}".rstrip())
     if study["status"] == "paused":
-        print(f"  fix the cause, then `hpo study resume {study['id']}`")
+        print(f"  fix the cause, then `hpo study retry {study['id']}` (or `hpo study resume {study['id']}`)")
+
+
+def _retry(args: argparse.Namespace) -> int:
+    body = {"kind": args.kind} if args.kind else {}
+    answer = request(args, "POST", f"/api/v1/studies/{args.study_id}/retry", body)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    ids = answer["trial_ids"]
+    print(
+        f"{len(ids)} failed trial(s) of study {args.study_id} queued again"
+        + (f": {', '.join(map(str, ids))}" if ids else "")
+    )
+    return 0
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""`hpo trial show|cancel|replicas`: one trial on an hpo server (an HTTP client, standard library
+"""`hpo trial show|cancel|replicas|retry`: one trial on an hpo server (an HTTP client, standard library
 only; the server and token come as for `hpo study`)."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ def register(subparsers: Any) -> None:
     """Adds `hpo trial` and its subcommands."""
     trial = subparsers.add_parser(
         "trial",
-        help="show, cancel or replicate one trial on an hpo server",
-        description="One trial: its params, status, objective and failure; cancel it; rerun it with new seeds.",
+        help="show, cancel, replicate or retry one trial on an hpo server",
+        description="One trial: its params, status, objective and failure; cancel it; rerun it with new seeds; "
+        "run it again after a failure.",
     )
     commands = trial.add_subparsers(dest="trial_command", required=True, metavar="COMMAND")
 
@@ -35,6 +36,14 @@ def register(subparsers: Any) -> None:
     )
     replicas.add_argument("--count", type=int, default=1, help="how many replicas to add, 1 to 100 (default 1)")
     _json_flag(replicas, "print the new trial ids as JSON")
+
+    retry = _command(
+        commands,
+        "retry",
+        "run a failed trial again as a new trial (same params and seed), e.g. once the operator allowed its command",
+        _retry,
+    )
+    _json_flag(retry, "print the new trial's id as JSON")
 
 
 def _command(commands: Any, name: str, help_text: str, handler: Any) -> argparse.ArgumentParser:
@@ -78,6 +87,15 @@ def _cancel(args: argparse.Namespace) -> int:
         print(json.dumps(trial, indent=2))
         return 0
     print(f"trial {trial['id']} is now {trial['status']}")
+    return 0
+
+
+def _retry(args: argparse.Namespace) -> int:
+    answer = request(args, "POST", f"/api/v1/trials/{args.trial_id}/retry")
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    print(f"trial {args.trial_id} queued again as trial {', '.join(map(str, answer['trial_ids']))}")
     return 0
 
 

@@ -90,7 +90,12 @@ def workload_warnings(spec: StudySpec) -> list[dict[str, Any]]:
             "message": (
                 f"The {what} is not built in, so the server cannot check its hyperparameter names or that it "
                 f"reports objective.metric {spec.objective.metric!r}; a mistake there fails the first trials "
-                "as 'config' and pauses the study. Try one config with `hpo train --config` first."
+                "as 'config' and pauses the study. "
+                + (
+                    "Run one trial's command by hand first: the dashboard's Reproduce command on a trial does that."
+                    if command
+                    else "Try one config with `hpo train --config` first."
+                )
             ),
         }
     ]

@@ -130,6 +130,8 @@ class Trial(Base):
     unit_point: Mapped[list[float] | None] = mapped_column(JsonDocument)
     seed: Mapped[int] = mapped_column(BigInteger)
     replica_of: Mapped[int | None] = mapped_column(ForeignKey("trials.id", ondelete="SET NULL"))
+    # A new run of a failed trial (POST /trials/{id}/retry) names it; no foreign key (migration 0008).
+    retry_of: Mapped[int | None] = mapped_column(Integer)
     replica_index: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[TrialStatus] = mapped_column(_enum(TrialStatus), default=TrialStatus.pending)
     # attempt counts claims (it names the attempt's artifact folder); failures counts the attempts

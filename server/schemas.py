@@ -58,6 +58,9 @@ class StudyPublic(_Public):
     best_trial_id: int | None
     best_value: float | None
     created_at: str
+    # Why the study is paused (it paused itself after failures, naming the last one; or a person
+    # paused it); None otherwise.
+    status_reason: str | None = None
 
 
 class StudyCreated(StudyPublic):
@@ -99,6 +102,8 @@ class TrialPublic(_Public):
     seed: int
     point_index: int | None
     replica_of: int | None
+    # Set on the new run of a failed trial (POST /trials/{id}/retry): the trial it retries.
+    retry_of: int | None = None
     attempt: int
     objective_value: float | None
     best_step: int | None
@@ -205,6 +210,12 @@ class FailRequest(LeaseRequest):
     kind: Literal["infeasible", "error", "preempted", "config"]
     reason: str = Field(default="", max_length=20_000)
     step: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
+
+
+class StudyRetryRequest(_Request):
+    """Which failed trials of a study to run again: every one, or those of one fail kind."""
+
+    kind: Literal["config", "error"] | None = None
 
 
 class ReplicasRequest(_Request):

@@ -323,12 +323,14 @@ def _public(session: Session, study: Study) -> StudyPublic:
     )
     trial_counts = TrialCounts(**{status.value: n for status, n in counts.items()})
     best = _best_trial(session, study)
+    status = _effective_status(study, trial_counts)
     return StudyPublic(
+        status_reason=status_reason(session, study) if status == "paused" else None,
         id=study.id,
         name=study.name,
         description=study.description,
         goal=study.goal,
-        status=_effective_status(study, trial_counts),
+        status=status,
         algorithm=study.algorithm,
         seed=study.seed,
         num_trials=study.num_trials,
@@ -338,6 +340,24 @@ def _public(session: Session, study: Study) -> StudyPublic:
         best_trial_id=best[0] if best else None,
         best_value=best[1] if best else None,
         created_at=study.created_at.isoformat(),
+    )
+
+
+def status_reason(session: Session, study: Study) -> str:
+    """Why a paused study is paused: it paused itself after `max_failed_trials` failures in a row
+    (DESIGN.md, "Read side"), with the last failure's reason, or a person paused it."""
+    if study.consecutive_errors < study.max_failed_trials:
+        return "paused by a person (PATCH status=paused, or hpo study pause); resume with status=active"
+    last = session.execute(
+        select(Trial.id, Trial.error)
+        .where(Trial.study_id == study.id, Trial.error.is_not(None))
+        .order_by(Trial.finished_at.desc().nulls_last(), Trial.id.desc())
+        .limit(1)
+    ).first()
+    cause = "" if last is None else f"; the last, trial {last[0]}: {str(last[1]).splitlines()[0][:300]}"
+    return (
+        f"paused itself after {study.consecutive_errors} failed trials in a row (max_failed_trials "
+        f"{study.max_failed_trials}){cause}. Fix the cause, retry the failed trials, then set status=active"
     )
 
 

@@ -9,8 +9,8 @@ from sqlalchemy.orm import Session
 
 from . import layout, studies
 from .db import Database
-from .errors import NotFound
-from .models import Checkpoint, MetricPoint, Study, Trial, TrialStatus
+from .errors import Conflict, NotFound
+from .models import Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus
 from .schemas import CheckpointPublic, MetricPointPublic, Page, TrialPublic
 from .values import from_storage, to_json
 
@@ -124,6 +124,67 @@ def add_replicas(session: Session, trial_id: int, count: int) -> list[int]:
     return list(session.scalars(insert(Trial).returning(Trial.id, sort_by_parameter_order=True), rows))
 
 
+def retry(db: Database, trial_id: int) -> list[int]:
+    """Runs a failed trial again as a new trial with the same params and seed (Optuna's
+    `RetryFailedTrialCallback` does the same): the failed one stays as it was (finished trials never
+    change), and the new one gets a fresh attempt budget. For a trial failed because a worker's
+    allow-list refused it, once the operator allowed it. 409 for a trial that did not fail."""
+    with db.transaction() as session:
+        trial = _trial_or_404(session, trial_id)
+        if trial.status is not TrialStatus.failed:
+            raise Conflict(f"trial {trial_id} is {trial.status.value}; only a failed trial can be retried")
+        study = session.get_one(Study, trial.study_id, with_for_update=True)
+        return _add_retries(session, study, [trial])
+
+
+def retry_study(db: Database, study_id: int, kind: str | None = None) -> list[int]:
+    """Retries every failed trial of a study that has not been retried yet (of one `fail_kind`
+    when given), and resumes a study that paused itself over those failures."""
+    with db.transaction() as session:
+        study = session.get(Study, study_id, with_for_update=True)
+        if study is None:
+            raise NotFound(f"study {study_id} not found")
+        query = select(Trial).where(Trial.study_id == study_id, Trial.status == TrialStatus.failed)
+        if kind is not None:
+            query = query.where(Trial.fail_kind == kind)
+        failed = list(session.scalars(query.order_by(Trial.number)))
+        ids = _add_retries(session, study, failed)
+        if ids and study.status is StudyStatus.paused and study.consecutive_errors >= study.max_failed_trials:
+            study.status, study.consecutive_errors = StudyStatus.active, 0
+        return ids
+
+
+def _add_retries(session: Session, study: Study, failed: list[Trial]) -> list[int]:
+    retried = set(
+        session.scalars(select(Trial.retry_of).where(Trial.study_id == study.id, Trial.retry_of.is_not(None)))
+    )
+    failed = [t for t in failed if t.id not in retried]
+    if not failed:
+        return []
+    studies.ensure_room(session, study.id, len(failed), "trials")
+    last_number = session.scalar(select(func.max(Trial.number)).where(Trial.study_id == study.id)) or 0
+    rows = [
+        {
+            "study_id": study.id,
+            "number": last_number + i + 1,
+            "arm": t.arm,
+            "params": t.params,
+            "point_index": t.point_index,
+            "unit_point": t.unit_point,
+            "seed": t.seed,
+            "replica_of": t.replica_of,
+            "replica_index": t.replica_index,
+            "retry_of": t.id,
+            "status": TrialStatus.pending,
+            "attempt": 0,
+            "failures": 0,
+            "restart_after_attempt": 0,
+        }
+        for i, t in enumerate(failed)
+    ]
+    return list(session.scalars(insert(Trial).returning(Trial.id, sort_by_parameter_order=True), rows))
+
+
 def replica_seed(study_seed: int, point: int, replica_index: int, used: set[int]) -> int:
     """The seed of a replica: `layout.trial_seed` of its point and replica index, redrawn (with a
     deterministic salt) until it differs from every seed already in the study, so a replica never
@@ -148,6 +209,7 @@ def trial_public(trial: Trial) -> TrialPublic:
         seed=trial.seed,
         point_index=trial.point_index,
         replica_of=trial.replica_of,
+        retry_of=trial.retry_of,
         attempt=trial.attempt,
         objective_value=trial.objective_value,
         best_step=trial.best_step,

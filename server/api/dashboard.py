@@ -18,6 +18,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from hpo.command_template import expand
+
 from .. import notes, studies, trials
 from ..analysis import memo, queries
 from ..analysis.model import arm_label, fmt
@@ -248,15 +250,27 @@ def existing_checkpoints(records: list[Any], artifact_root: Path) -> tuple[list[
 
 
 def reproduce_command(spec: Mapping[str, Any], params: Mapping[str, Any], seed: int, trial_id: int) -> str:
-    """A shell command that reruns one trial without a server, with its params, trainer and seed."""
-    config = {
-        "params": dict(params),
-        "trainer": spec.get("trainer") or {},
-        "seed": seed,
-        "objective": spec.get("objective") or {},
-    }
-    file = f"trial-{trial_id}.json"
-    return f"echo {shlex.quote(json.dumps(config))} > {file} && hpo train --config {file} --out trial-{trial_id}-rerun"
+    """A shell command that reruns one trial without a server, with its params, trainer and seed:
+    `hpo train` for a workload; for a command, the trial's own argv with its values put in, run in
+    its workdir (under $HPO_WORKDIR_ROOT, as on a worker) with its `HPO_CONFIG` and `HPO_OUT_DIR`."""
+    trainer = dict(spec.get("trainer") or {})
+    config = {"params": dict(params), "trainer": trainer, "seed": seed, "objective": spec.get("objective") or {}}
+    file, out = f"trial-{trial_id}.json", f"trial-{trial_id}-rerun"
+    if not trainer.get("command"):
+        return f"echo {shlex.quote(json.dumps(config))} > {file} && hpo train --config {file} --out {out}"
+    written = {**config, "resume_from": None}
+    # Paths are made absolute by the shell ("$d"), since the command runs in its workdir.
+    marks = {"out_dir": "\x00out\x00", "config": "\x00config\x00"}
+    argv = expand(trainer["command"], params, {**marks, "seed": str(seed), "resume_from": "", "python": "python"})
+    quoted = " ".join(shlex.quote(a) for a in argv)
+    quoted = quoted.replace(marks["out_dir"], f"'\"$d/{out}\"'").replace(marks["config"], f"'\"$d/{file}\"'")
+    workdir = shlex.quote(str(trainer.get("workdir") or "."))
+    env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (trainer.get("env") or {}).items())
+    return (
+        f'd="$PWD" && echo {shlex.quote(json.dumps(written))} > {file} && mkdir -p {out} && '
+        f'(cd "${{HPO_WORKDIR_ROOT:-.}}"/{workdir} && HPO_CONFIG="$d/{file}" HPO_OUT_DIR="$d/{out}" '
+        f"{env + ' ' if env else ''}{quoted})"
+    )
 
 
 def _range(h: Mapping[str, Any]) -> str:

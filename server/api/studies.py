@@ -7,7 +7,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Body, Query, status
 
 from .. import studies, trials
-from ..schemas import ManualTrialsIn, Page, StudyCreated, StudyPatch, StudyPublic
+from ..schemas import ManualTrialsIn, Page, StudyCreated, StudyPatch, StudyPublic, StudyRetryRequest
 from .deps import DatabaseDep, SettingsDep, StudyId
 
 router = APIRouter(prefix="/api/v1/studies", tags=["studies"])
@@ -53,3 +53,10 @@ def list_trials(
     offset: int = Query(0, ge=0, le=2**31 - 1),
 ) -> Page:
     return trials.list_trials(db, study_id, status=status, order_by=order_by, limit=limit, offset=offset)
+
+
+@router.post("/{study_id}/retry", status_code=status.HTTP_201_CREATED)
+def retry_failed(db: DatabaseDep, study_id: StudyId, body: StudyRetryRequest) -> dict[str, list[int]]:
+    """Runs every failed trial not yet retried again (of one fail kind when given), and resumes a
+    study that paused itself over them."""
+    return {"trial_ids": trials.retry_study(db, study_id, body.kind)}

@@ -41,3 +41,9 @@ def cancel(db: DatabaseDep, trial_id: TrialId) -> TrialPublic:
 @router.post("/{trial_id}/replicas", status_code=status.HTTP_201_CREATED)
 def replicas(db: DatabaseDep, trial_id: TrialId, body: ReplicasRequest) -> dict[str, list[int]]:
     return {"trial_ids": trials.create_replicas(db, trial_id, body.count)}
+
+
+@router.post("/{trial_id}/retry", status_code=status.HTTP_201_CREATED)
+def retry(db: DatabaseDep, trial_id: TrialId) -> dict[str, list[int]]:
+    """Runs a failed trial again as a new trial (same params and seed, a fresh attempt budget)."""
+    return {"trial_ids": trials.retry(db, trial_id)}

@@ -275,3 +275,35 @@ def test_checkpoint_records_follow_the_scripts_own_deletions_and_a_killed_trial_
     latest = [c["step"] for c in records if c["uri"].startswith(f"trials/{trial['id']}/attempt-2/")]
     on_disk = sorted(int(p.name.removeprefix("step-")) for p in (attempt2 / "checkpoints").glob("step-*"))
     assert sorted(latest) == on_disk, f"records {sorted(latest)} for files {on_disk}"
+
+
+def test_a_study_paused_by_refused_commands_says_why_and_its_trials_can_be_retried(
+    server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker without the allow-list fails the trials as config and the study pauses itself; the
+    study says why (API and `hpo study show`); once a worker allows the command, `hpo study retry`
+    runs them again as new trials, which complete."""
+    from hpo.cli import main
+
+    live, http, settings = server
+    study = create_study(http, command_study({"step_seconds": 0.0}, copies=2, steps=10, max_failed_trials=2))
+    run_worker(live.url, settings, study_done(http, study["id"]), allow_commands=("python other.py",))
+    paused = http.get(f"{API}/studies/{study['id']}").json()
+    assert paused["status"] == "paused", paused
+    assert "paused itself after 2 failed trials" in paused["status_reason"], paused
+    assert "--allow-command" in paused["status_reason"]
+    assert main(["study", "show", str(study["id"]), "--server", live.url]) == 0
+    assert "paused itself after 2 failed trials" in capsys.readouterr().out
+    assert main(["study", "retry", str(study["id"]), "--kind", "config", "--server", live.url]) == 0
+    assert "2 failed trial(s)" in capsys.readouterr().out
+    again = http.post(f"{API}/studies/{study['id']}/retry", json={})
+    assert again.status_code == 201 and again.json()["trial_ids"] == [], "a failed trial is retried once"
+    run_worker(live.url, settings, study_done(http, study["id"]))
+    done = trials(http, study["id"])
+    assert sorted(t["status"] for t in done) == ["completed", "completed", "failed", "failed"]
+    retried = {t["retry_of"]: t for t in done if t["retry_of"] is not None}
+    assert set(retried) == {t["id"] for t in done if t["status"] == "failed"}
+    assert all(retried[f]["seed"] == next(t["seed"] for t in done if t["id"] == f) for f in retried)
+    assert http.get(f"{API}/studies/{study['id']}").json()["status"] == "completed"
+    refused = http.post(f"{API}/trials/{retried[min(retried)]['id']}/retry")
+    assert refused.status_code == 409 and "only a failed trial" in refused.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +227,31 @@ def _with(settings: Settings, policy: ExecutionPolicy) -> Settings:
     import dataclasses
 
     return dataclasses.replace(settings, execution_policy=policy)
+
+
+def test_the_reproduce_command_of_a_command_trial_runs_it_by_hand(tmp_path: Path) -> None:
+    """The dashboard's Reproduce for a command trial: its own argv with the values put in, in its
+    workdir, with its HPO_CONFIG and HPO_OUT_DIR (hpo train refuses commands)."""
+    import os
+    import subprocess
+
+    from hpo.server.api.dashboard import reproduce_command
+
+    spec = {
+        "objective": {"metric": "valid/error_rate", "mode": "min"},
+        "trainer": {
+            "command": ["{python}", "counter.py", "--out={out_dir}", "--lr={learning_rate}", "{args}"],
+            "workdir": "scripts",
+            "max_train_steps": 20,
+            "eval_every_steps": 10,
+        },
+    }
+    command = reproduce_command(spec, {"learning_rate": 0.1, "step_seconds": 0.0}, 7, 42)
+    env = {**os.environ, "HPO_WORKDIR_ROOT": str(Path(__file__).parent)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # `python` is this venv's
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (command, done.stderr)
+    assert "--lr=0.1" in done.stdout and f"--out={tmp_path}/trial-42-rerun" in done.stdout, done.stdout
+    points = [json.loads(line) for line in (tmp_path / "trial-42-rerun" / "metrics.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in points if p["name"] == "train/loss"] == list(range(1, 21))
+    assert json.loads((tmp_path / "trial-42.json").read_text())["seed"] == 7

@@ -22,7 +22,7 @@ from hpo.session import session
 s = session()
 p = s.params
 mode = p.get("mode", "normal")
-print(f"counter starting: params={p} resume_from={s.resume_from}", flush=True)
+print(f"counter starting: params={p} resume_from={s.resume_from} argv={sys.argv[1:]}", flush=True)
 if mode == "silent":
     time.sleep(3600)
 if mode == "crash":
