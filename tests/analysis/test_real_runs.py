@@ -104,7 +104,7 @@ def test_a_digits_study_with_learning_rates_that_diverge(env: Any) -> None:
             {"name": "momentum", "role": "fixed", "value": 0.9},
             {"name": "batch_size", "role": "fixed", "value": 64},
         ],
-        "trainer": {"workload": "digits", "max_train_steps": 150, "eval_every_steps": 25},
+        "trainer": {"workload": "digits", "max_train_steps": 100, "eval_every_steps": 25},
         "resources": RESOURCES,
         "max_attempts": 1,
     }
