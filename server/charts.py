@@ -111,10 +111,12 @@ def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:
 
 
 def hover(t: TrialSummary, metric: str) -> str:
-    """`trial 12 (no. 11)<br>lr=0.01, wd=1e-4<br>valid/error = 0.21` for a point of trial 12."""
+    """`trial 12<br>lr=0.01, wd=1e-4<br>valid/error = 0.21` for a point of trial 12 (trials are
+    named by their id everywhere, the id of their URL; a replica says which trial it repeats)."""
     params = ", ".join(f"{k}={fmt(v)}" for k, v in t.params.items())
     value = f"{metric} = {fmt(t.objective)}" if t.feasible else t.status + (f" ({t.fail_kind})" if t.fail_kind else "")
-    return f"trial {t.id} (no. {t.number})<br>{params}<br>{value}"
+    copy = f" (replica of trial {t.replica_of})" if t.replica_of is not None else ""
+    return f"trial {t.id}{copy}<br>{params}<br>{value}"
 
 
 def hovers(trials: Sequence[TrialSummary], metric: str) -> dict[str, str]:
@@ -241,9 +243,11 @@ def eta_seconds(finished_at: Sequence[float], remaining: int, now: float, window
 
 
 def _history(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
-    """The objective of each trial against its number, by arm, infeasible trials as red crosses
-    beyond the worst value, and the best so far."""
+    """The objective of each original trial against its number, by arm, infeasible trials as red
+    crosses beyond the worst value, the best so far (originals only, as the analysis decides), and
+    the completed replicas at the number of the trial they repeat (`replicas`, drawn hollow)."""
     trials = _originals(session, study.id)
+    numbers = {t.id: t.number for t in trials}
     sign = _sign(study)
     feasible = [t for t in trials if t.feasible]
     worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
@@ -254,6 +258,7 @@ def _history(session: Session, study: queries.StudyInfo, _options: dict[str, Any
         s["y"].append(t.objective)
         s["ids"].append(t.id)
     bad = [t for t in trials if t.infeasible]
+    copies = [t for t in trial_summaries(session, study.id) if t.replica_of is not None and t.feasible]
     best_x, best_y, best = [], [], None
     for t in sorted(feasible, key=lambda t: t.number):  # only where the best changes (drawn as steps)
         if best is None or sign * float(t.objective or 0.0) < sign * best:
@@ -271,7 +276,13 @@ def _history(session: Session, study: queries.StudyInfo, _options: dict[str, Any
             "ids": [t.id for t in bad],
         },
         "best": {"x": best_x, "y": best_y},
-        "text": hovers(trials, study.metric),
+        # replicas at the number of the trial they repeat, drawn hollow, never the best so far
+        "replicas": {
+            "x": [numbers.get(t.replica_of or 0, t.number) for t in copies],
+            "y": [t.objective for t in copies],
+            "ids": [t.id for t in copies],
+        },
+        "text": {**hovers(trials, study.metric), **hovers(copies, study.metric)},
         "n_feasible": len(feasible),
         "n_trials": len(trials),
     }
@@ -371,22 +382,50 @@ def _parallel(session: Session, study: queries.StudyInfo, _options: dict[str, An
 
 
 def _contour(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
-    """The objective over a pair of numeric hyperparameters (`x`, `y` options; the first two by
-    default), interpolated linearly between the trials on a 40 x 40 grid, with the trials on top."""
-    dims = {d.name: d for d in _numeric_dims(study)}
-    names = list(dims)
-    x_name = options.get("x") or (names[0] if names else None)
-    y_name = options.get("y") or (names[1] if len(names) > 1 else None)
-    for field, name in (("x", x_name), ("y", y_name)):
-        if name is not None and name not in dims:
-            raise InvalidInput.one(field, f"{name!r} is not a varied numeric hyperparameter; choose from {names}")
-    base: dict[str, Any] = {"choices": names, "x": x_name, "y": y_name}
-    if x_name is None or y_name is None or x_name == y_name:
+    """The objective over a pair of numeric hyperparameters (`x`, `y` options, each a label or an
+    unambiguous name; the first valid pair by default), optionally within one `arm`, interpolated
+    linearly between the trials on a 40 x 40 grid, with the trials on top. Conditional
+    hyperparameters are their own dimensions: a pair never defined in the same trials (Adam's and
+    Nesterov's learning rates) is refused, never pooled on one axis. `pairs` lists, for each
+    choice, the choices it can be drawn against."""
+    arm = options.get("arm") or None
+    trials = [t for t in _originals(session, study.id) if t.feasible]
+    labels = sorted({arm_label(t.arm) for t in _originals(session, study.id)})
+    if arm is not None:
+        if arm not in labels:
+            raise InvalidInput.one("arm", f"{arm!r} is not an arm of this study; arms: {labels}")
+        trials = [t for t in trials if arm_label(t.arm) == arm]
+    arms = [a for a in queries_arms(study) if arm is None or arm_label(a) == arm]
+    dims = {d.label: d for d in _numeric_dims(study) if any(d.applies(a) for a in arms)}
+    pairs = {x: [y for y, dy in dims.items() if y != x and _share_an_arm(dx, dy, arms)] for x, dx in dims.items()}
+    x_label = _choice(dims, "x", options.get("x"), arm)
+    if x_label is None:
+        x_label = next((c for c in dims if pairs[c]), None)
+    y_label = _choice(dims, "y", options.get("y"), arm)
+    if y_label is None and x_label is not None:
+        y_label = next(iter(pairs[x_label]), None)
+    base: dict[str, Any] = {
+        "choices": list(dims),
+        "pairs": pairs,
+        "x": x_label,
+        "y": y_label,
+        "arm": arm,
+        "arms": labels,
+    }
+    if x_label is None or y_label is None or x_label == y_label:
         return {**base, "grid": None, "points": None, "message": "needs two different varied numeric hyperparameters"}
-    trials = [t for t in _originals(session, study.id) if t.feasible and x_name in t.params and y_name in t.params]
-    dx, dy = dims[x_name], dims[y_name]
-    xs = np.array([float(t.params[x_name]) for t in trials])
-    ys = np.array([float(t.params[y_name]) for t in trials])
+    dx, dy = dims[x_label], dims[y_label]
+    if y_label not in pairs[x_label]:
+        raise InvalidInput.one(
+            "y",
+            f"{x_label!r} and {y_label!r} are never defined in the same trials (their arms differ): "
+            f"draw {x_label!r} against one of {pairs[x_label]}",
+        )
+    trials = [
+        t for t in trials if dx.applies(t.arm) and dy.applies(t.arm) and dx.name in t.params and dy.name in t.params
+    ]
+    xs = np.array([float(t.params[dx.name]) for t in trials])
+    ys = np.array([float(t.params[dy.name]) for t in trials])
     zs = np.array([float(t.objective or 0.0) for t in trials])
     points = {"x": xs.tolist(), "y": ys.tolist(), "ids": [t.id for t in trials]}
     grid = _grid(xs, ys, zs, dx.scale == "log", dy.scale == "log") if len(trials) >= 4 else None
@@ -399,6 +438,35 @@ def _contour(session: Session, study: queries.StudyInfo, options: dict[str, Any]
         "grid": grid,
         "message": None if grid else "fewer than 4 completed trials with both hyperparameters",
     }
+
+
+def queries_arms(study: queries.StudyInfo) -> list[dict[str, Any]]:
+    """Every arm the spec crosses (its scientific categorical and discrete values), `[{}]` for a
+    study without arms."""
+    crossed = [d for d in dimensions(study.spec) if d.role == "scientific" and d.type in ("categorical", "discrete")]
+    arms: list[dict[str, Any]] = [{}]
+    for d in crossed:
+        arms = [{**a, d.name: v} for a in arms for v in d.values]
+    return arms
+
+
+def _share_an_arm(a: Dimension, b: Dimension, arms: Sequence[Mapping[str, Any]]) -> bool:
+    return any(a.applies(arm) and b.applies(arm) for arm in arms)
+
+
+def _choice(dims: Mapping[str, Dimension], field: str, wanted: Any, arm: str | None) -> str | None:
+    """The label `wanted` names: a label, or a name declared once among `dims` (a 422 otherwise)."""
+    if not wanted:
+        return None
+    if wanted in dims:
+        return str(wanted)
+    named = [label for label, d in dims.items() if d.name == wanted]
+    if len(named) == 1:
+        return named[0]
+    where = f" in arm {arm!r}" if arm else ""
+    if named:
+        raise InvalidInput.one(field, f"{wanted!r} is declared per arm{where}: choose one of {named}")
+    raise InvalidInput.one(field, f"{wanted!r} is not a varied numeric hyperparameter{where}; choose from {list(dims)}")
 
 
 def _grid(xs: np.ndarray, ys: np.ndarray, zs: np.ndarray, xlog: bool, ylog: bool, n: int = 40) -> dict[str, Any] | None:
@@ -426,26 +494,64 @@ _IMPORTANCE_CACHE: dict[tuple[int, str], dict[str, Any]] = {}
 _IMPORTANCE_LOCK = threading.Lock()
 IMPORTANCE_METHOD = (
     "permutation importance of a random forest (scikit-learn RandomForestRegressor, 32 trees): how much the "
-    "forest's R² drops when one hyperparameter's values are shuffled"
+    "forest's R² drops when one hyperparameter's values are shuffled; a conditional hyperparameter is "
+    "shuffled within the trials where it applies, its drop measured against the whole study's variance"
 )
 
 
-def _importance(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
-    """Which hyperparameters the objective depends on, over the completed trials; cached per study
-    until a trial finishes (the forest costs a few hundred milliseconds on thousands of trials)."""
+def _importance(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
+    """Which hyperparameters the objective depends on, over the completed original trials (of one
+    `arm` when asked), conditional ones included as their own dimensions (`importance_by_dim`);
+    cached per study and arm until a trial finishes (the forests cost a few hundred milliseconds on
+    thousands of trials)."""
+    arm = options.get("arm") or None
     trials = [t for t in _originals(session, study.id) if t.feasible]
-    dims = [d for d in dimensions(study.spec) if d.role != "fixed" and not d.when]
-    key = (study.id, f"{len(trials)}:{max((t.id for t in trials), default=0)}")
+    labels = sorted({arm_label(t.arm) for t in trials})
+    if arm is not None:
+        if arm not in labels:
+            raise InvalidInput.one("arm", f"{arm!r} is not an arm with completed trials; arms: {labels}")
+        trials = [t for t in trials if arm_label(t.arm) == arm]
+    dims = [d for d in dimensions(study.spec) if d.role != "fixed"]
+    key = (study.id, f"{arm}:{len(trials)}:{max((t.id for t in trials), default=0)}")
     with _IMPORTANCE_LOCK:
         cached = _IMPORTANCE_CACHE.get(key)
     if cached is not None:
         return cached
-    answer = importance(dims, trials)
+    answer = {**importance_by_dim(dims, trials), "arm": arm, "arms": labels}
     with _IMPORTANCE_LOCK:
         if len(_IMPORTANCE_CACHE) > 64:
             _IMPORTANCE_CACHE.clear()
         _IMPORTANCE_CACHE[key] = answer
     return answer
+
+
+def importance_by_dim(dims: Sequence[Dimension], trials: Sequence[TrialSummary]) -> dict[str, Any]:
+    """Importance of every declaration, conditional ones included (DESIGN.md: conditional
+    hyperparameters are separate dimensions, labelled with their arm): the unconditional ones over
+    all `trials`, each group of declarations sharing a `when` over the trials where it applies
+    (with the unconditional ones beside it, so it competes with them there). `learning_rate` under
+    Adam and under Nesterov are two entries, `learning_rate (optimizer=adam)` and
+    `learning_rate (optimizer=nesterov)`, each with the number of trials it was computed on."""
+    plain = [d for d in dims if not d.when or all(d.applies(t.arm) for t in trials)]
+    groups: dict[str, list[Dimension]] = {}
+    for d in dims:
+        if d not in plain:
+            groups.setdefault(json.dumps(d.when, sort_keys=True, default=str), []).append(d)
+    answer = importance(plain, trials)
+    params = [{**p, "n": len(trials)} for p in answer["params"]]
+    variance = float(np.var([float(t.objective or 0.0) for t in trials])) if trials else None
+    for group in groups.values():
+        mine = [t for t in trials if group[0].applies(t.arm)]
+        sub = importance([*plain, *group], mine, variance=variance)
+        wanted = {d.label for d in group}
+        params += [{**p, "n": len(mine)} for p in sub["params"] if p["name"] in wanted]
+    params.sort(key=lambda p: (-p["importance"], p["name"]))
+    out = {**answer, "params": params}
+    if params:
+        out.pop("message", None)
+    elif groups and "message" not in out:
+        out["message"] = "needs at least 8 completed trials where each hyperparameter applies"
+    return out
 
 
 def preload() -> None:
@@ -454,23 +560,26 @@ def preload() -> None:
     import sklearn.inspection  # noqa: F401
 
 
-def importance(dims: Sequence[Dimension], trials: Sequence[TrialSummary], max_rows: int = 1000) -> dict[str, Any]:
-    """`{method, n, params: [{name, importance, std}]}`, most important first; importances are the
-    mean drop in R² (clipped at 0) over 5 shuffles. Needs 8 completed trials."""
+def importance(
+    dims: Sequence[Dimension], trials: Sequence[TrialSummary], max_rows: int = 1000, variance: float | None = None
+) -> dict[str, Any]:
+    """`{method, n, params: [{name, param, when, importance, std}]}`, most important first (`name`
+    is the dimension's label, `param` its name in the trials' params); importances are the mean
+    drop in R² (clipped at 0) over 5 shuffles: the rise in the forest's squared error over the
+    objective's `variance` (by default over `trials`; a subset's importances are measured against
+    the whole study's variance so that they compare with the others). Needs 8 completed trials."""
     base: dict[str, Any] = {"method": IMPORTANCE_METHOD, "n": len(trials), "params": []}
-    names = [d.name for d in dims if len({str(t.params.get(d.name)) for t in trials}) > 1]
-    if len(trials) < 8 or not names:
+    varied = [d for d in dims if len({str(t.params.get(d.name)) for t in trials}) > 1]
+    if len(trials) < 8 or not varied:
         return {**base, "message": "needs at least 8 completed trials and a hyperparameter that varies"}
     from sklearn.ensemble import RandomForestRegressor
     from sklearn.inspection import permutation_importance
 
     rng = np.random.default_rng(0)
     rows = list(trials) if len(trials) <= max_rows else [trials[i] for i in rng.choice(len(trials), max_rows, False)]
-    by_name = {d.name: d for d in dims}
     columns = []
-    for name in names:
-        dim = by_name[name]
-        raw = [t.params.get(name) for t in rows]
+    for dim in varied:
+        raw = [t.params.get(dim.name) for t in rows]
         if dim.type == "categorical":
             codes = {v: i for i, v in enumerate(sorted({str(v) for v in raw}))}
             columns.append([float(codes[str(v)]) for v in raw])
@@ -481,10 +590,20 @@ def importance(dims: Sequence[Dimension], trials: Sequence[TrialSummary], max_ro
     y = np.array([float(t.objective or 0.0) for t in rows])
     forest = RandomForestRegressor(n_estimators=32, min_samples_leaf=2, random_state=0, n_jobs=1).fit(x, y)
     sample = rng.choice(len(rows), min(len(rows), 300), replace=False)
-    result = permutation_importance(forest, x[sample], y[sample], n_repeats=5, random_state=0, n_jobs=1)
+    result = permutation_importance(
+        forest, x[sample], y[sample], n_repeats=5, random_state=0, n_jobs=1, scoring="neg_mean_squared_error"
+    )
+    scale = variance if variance is not None else float(np.var(y))
+    scale = scale if scale > 0 else 1.0
     params = [
-        {"name": name, "importance": max(0.0, float(m)), "std": float(s)}
-        for name, m, s in zip(names, result.importances_mean, result.importances_std, strict=True)
+        {
+            "name": dim.label,
+            "param": dim.name,
+            "when": dim.when,
+            "importance": max(0.0, float(m) / scale),
+            "std": float(s) / scale,
+        }
+        for dim, m, s in zip(varied, result.importances_mean, result.importances_std, strict=True)
     ]
     return {**base, "params": sorted(params, key=lambda p: -p["importance"])}
 
@@ -519,8 +638,9 @@ def downsampled(session: Session, trial_ids: Sequence[int], name: str, width: in
 
 
 def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
-    """Curves of `metric` (default: the objective) for the best `limit` trials (`CURVES_SHOWN` by
-    default), optionally of one `arm` (its label), downsampled to about `points` points."""
+    """Curves of `metric` (default: the objective) for the best `limit` original trials
+    (`CURVES_SHOWN` by default) and the replicas of those (rank None, `replica_of` set), optionally
+    of one `arm` (its label), downsampled to about `points` points."""
     metric = str(options.get("metric") or study.metric)
     limit = int(options.get("limit") or CURVES_SHOWN)
     points = int(options.get("points") or CURVE_POINTS)
@@ -529,13 +649,20 @@ def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any])
     arm = options.get("arm")
     if arm:
         trials = [t for t in trials if arm_label(t.arm) == arm]
-    trials.sort(key=lambda t: (not t.feasible, sign * float(t.objective or 0.0) if t.feasible else 0.0, t.number))
-    chosen = trials[:limit]
+    # One "best" (DESIGN.md): originals ranked as the analysis ranks them; a replica is never
+    # ranked, it is drawn beside the trial it repeats (marked `replica_of`).
+    originals = [t for t in trials if t.replica_of is None]
+    originals.sort(key=lambda t: (not t.feasible, sign * float(t.objective or 0.0) if t.feasible else 0.0, t.number))
+    ranked = originals[:limit]
+    shown = {t.id for t in ranked}
+    replicas = [t for t in trials if t.replica_of in shown][: max(0, limit)]
+    chosen = [*ranked, *replicas]
+    ranks = {t.id: rank for rank, t in enumerate(ranked, start=1)}
     horizon = horizon_of(session, study) or 1.0
     width = max(1, math.ceil(horizon / max(points, 2)))
     raw = downsampled(session, [t.id for t in chosen], metric, width)
     curves: list[dict[str, Any]] = []
-    for rank, t in enumerate(chosen, start=1):
+    for t in chosen:
         steps, values = raw.get(t.id, ([], []))
         if not steps:
             continue
@@ -543,7 +670,8 @@ def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any])
             {
                 "id": t.id,
                 "number": t.number,
-                "rank": rank,
+                "rank": ranks.get(t.id),
+                "replica_of": t.replica_of,
                 "arm": arm_label(t.arm),
                 "status": t.status,
                 "text": hover(t, study.metric),

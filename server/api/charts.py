@@ -42,9 +42,15 @@ def get_chart(
         charts.CURVES_SHOWN, ge=1, le=charts.MAX_CURVES, description="curves: at most this many trials, best first"
     ),
     points: int = Query(charts.CURVE_POINTS, ge=2, le=2000, description="curves: points per curve after downsampling"),
-    arm: str | None = Query(None, max_length=500, description="curves: only this arm (its label)"),
-    x: str | None = Query(None, max_length=200, description="contour: the x hyperparameter"),
-    y: str | None = Query(None, max_length=200, description="contour: the y hyperparameter"),
+    arm: str | None = Query(
+        None, max_length=500, description="curves, importance, contour: only this arm (its label, `optimizer=adam`)"
+    ),
+    x: str | None = Query(
+        None, max_length=200, description="contour: the x hyperparameter (label or unambiguous name)"
+    ),
+    y: str | None = Query(
+        None, max_length=200, description="contour: the y hyperparameter (label or unambiguous name)"
+    ),
 ) -> Response:
     """The data of one dashboard chart; hover texts name each point's trial and `ids` its trial id."""
     options = {"metric": metric, "limit": limit, "points": points, "arm": arm, "x": x, "y": y}

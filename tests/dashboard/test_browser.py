@@ -149,7 +149,12 @@ def test_study_page_charts_hover_click_and_filters(site: dict, driver: Any, shot
     text = wait(driver, "var h = document.querySelector('[data-chart=\"history\"] .hoverlayer .hovertext');"
                         " return h && h.textContent")  # fmt: skip
     trial_id = int(text.split()[1])
-    assert text.startswith(f"trial {trial_id} (no. ") and "learning_rate=" in text and "valid/error_rate = " in text
+    assert (
+        text.startswith(f"trial {trial_id}")
+        and "(no." not in text
+        and "learning_rate=" in text
+        and "valid/error_rate = " in text
+    )
     ActionChains(driver).click(point).perform()
     wait(driver, f"return location.pathname === '/trials/{trial_id}'")
     wait(driver, "return document.body.dataset.chartsReadyAt")
