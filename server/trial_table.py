@@ -134,8 +134,9 @@ def _admits(t: TrialSummary, query: TableQuery) -> bool:
 
 def _sort_key(t: TrialSummary, key: str, sign: float, times: Mapping[int, tuple[Any, Any]]) -> tuple[Any, ...]:
     started, finished = times.get(t.id, (None, None))
-    if key == "objective":  # best first in the study's mode; no objective last
-        return (t.objective is None, sign * t.objective if t.objective is not None else 0.0, t.number)
+    if key == "objective":  # best first in the study's mode, then the trials judged infeasible; no objective last
+        value = sign * t.objective if t.objective is not None else 0.0
+        return (t.objective is None, t.infeasible, value, t.number)
     if key in ("started_at", "finished_at"):
         at = started if key == "started_at" else finished
         return (at is None, at.timestamp() if at is not None else 0.0, t.number)
@@ -153,6 +154,10 @@ def _row(t: TrialSummary, times: tuple[Any, Any]) -> dict[str, Any]:
         "id": t.id,
         "number": t.number,
         "status": t.status,
+        # the analysis' own judgement (divergence.load_trials): a completed trial may be infeasible
+        "infeasible": t.infeasible,
+        "diverged": t.diverged,
+        "outlier": t.outlier,
         "arm": arm_label(t.arm),
         "objective": t.objective,
         "best_step": t.best_step,

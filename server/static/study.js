@@ -337,7 +337,8 @@
         tr.dataset.trialId = r.id;
         cell(tr, String(r.number), "num");
         var a = document.createElement("a"); a.href = "/trials/" + r.id; a.textContent = "trial " + r.id; cell(tr, a);
-        var st = document.createElement("span"); st.className = "status " + r.status; st.textContent = r.status; cell(tr, st);
+        var st = document.createElement("span"); st.className = "status " + (r.diverged ? "infeasible" : r.status);
+        st.textContent = r.diverged ? "diverged" : r.status; if (r.diverged) st.title = r.diverged; cell(tr, st);
         cell(tr, r.arm);
         cell(tr, hpo.fmt(r.objective), "num");
         cell(tr, hpo.fmt(r.best_step), "num");

@@ -79,6 +79,10 @@ def test_every_way_a_run_diverges_is_infeasible_everywhere(client: httpx.Client,
     assert _marked(client.get(f"{charts}/history").json()) == set(expected)
     axis = client.get(f"{charts}/axis").json()
     assert set().union(*(_marked(panel) for panel in axis["panels"])) == set(expected)
+    table = client.get(f"{API}/studies/{study['id']}/table", params={"sort": "objective", "limit": 100}).json()
+    assert {r["id"] for r in table["rows"] if r["infeasible"]} == set(expected)
+    assert {r["id"]: r["diverged"].split(":")[0] for r in table["rows"] if r["diverged"]} == expected
+    assert table["rows"][0]["id"] == arm["best_trial_id"]  # sorted by objective, judged trials last
     plotted = plot_data(db, study["id"], "axis")["trials"]  # what the SVG/PNG axis plot draws as red crosses
     assert {t.id for t in plotted if t.infeasible} == set(expected)
     svg = client.get(f"{API}/studies/{study['id']}/plots/axis", params={"format": "svg"})
