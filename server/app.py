@@ -24,6 +24,7 @@ from .auth import Authenticator
 from .bayesian.queue import Refiller
 from .config import ServerSettings
 from .db import Database
+from .errors import StorageError, one_line
 
 _log = logging.getLogger("hpo.server")
 
@@ -88,5 +89,7 @@ async def _reap_forever(db: Database, interval: float) -> None:
             reaped = await run_in_threadpool(leases.reap_expired, db)
             if reaped:
                 _log.info("requeued %d trials whose lease expired", reaped)
-        except Exception:  # the loop must outlive a database hiccup
+        except StorageError as exc:  # the database is away: one line, not a traceback a tick
+            _log.warning("lease reaper: %s; retrying", one_line(exc))
+        except Exception:  # the loop must outlive anything else too
             _log.exception("lease reaper failed; retrying")

@@ -63,5 +63,13 @@ class QuotaExceeded(HpoError):
     """A write would take a trial past a limit of the server's, e.g. its metric points (HTTP 413)."""
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as one log line: the driver's own first line (a database outage is a condition to
+    report, not a bug to trace: DESIGN.md, "Errors")."""
+    cause = exc.__cause__ or exc
+    text = str(getattr(cause, "orig", None) or cause).strip().splitlines()
+    return f"{type(getattr(cause, 'orig', None) or cause).__name__}: {text[0] if text else ''}"[:500]
+
+
 class StorageError(HpoError):
     """The database refused or failed in a way the client cannot fix (HTTP 503)."""

@@ -25,6 +25,7 @@ from ..errors import (
     NotFound,
     QuotaExceeded,
     StorageError,
+    one_line,
 )
 
 _log = logging.getLogger("hpo.server")
@@ -101,7 +102,7 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, InvalidInput):
             return invalid_response(exc.errors)
         if isinstance(exc, StorageError):
-            _log.warning("storage error: %s", exc.__cause__ or exc)
+            _log.warning("storage error: %s", one_line(exc))
         return JSONResponse(status_code=status_of(exc), content={"detail": exc.message})
 
     @app.exception_handler(RequestValidationError)

@@ -33,6 +33,7 @@ from hpo.lifetime import die_with_parent
 
 from .. import layout
 from ..db import Database
+from ..errors import StorageError, one_line
 from ..models import BayesianProposal, BayesianState, Study, StudyStatus, Trial, TrialStatus
 from ..spec import StudySpec, parse_spec
 from . import settings as bayes
@@ -382,7 +383,10 @@ class Refiller:
             made = 0
             try:
                 made = refill_once(self.db, self.owner, self.run)
-            except Exception:  # the loop must outlive a database hiccup or a failed fit
+            except StorageError as exc:  # the database is away: one line, not a traceback a tick
+                _log.warning("bayesian refill: %s; retrying", one_line(exc))
+                self._stop.wait(5 * self.interval)
+            except Exception:  # the loop must outlive a failed fit
                 _log.exception("bayesian refill failed; retrying")
                 self._stop.wait(5 * self.interval)
             if not made:
