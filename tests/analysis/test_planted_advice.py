@@ -163,6 +163,8 @@ def test_replicas_that_diverge_make_the_verdict_unstable(client: httpx.Client) -
     assert kinds(result) == ["replicas_diverged"]
     assert result["warnings"][0]["trial_id"] == arms["optimizer=adam"]["best_trial_id"]
     assert set(diverging) <= set(result["infeasible"]["trial_ids"])
+    page = client.get(f"/studies/{study['id']}/analysis-sections").text
+    assert "Unstable: replicas of optimizer=adam diverged" in page and "(2 of 6 diverged)" in page
 
 
 def test_trials_that_stopped_short_are_flagged_and_left_out_of_conclusions(client: httpx.Client) -> None:
