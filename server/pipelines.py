@@ -219,9 +219,16 @@ def round_summary(session: Session, row: Round) -> dict[str, Any]:
 def expand_spec(session: Session, raw: dict[str, Any]) -> tuple[dict[str, Any], Round]:
     """The study spec a round's study runs: `raw` with the pipeline's objective, its trainer
     settings under the spec's own, and every baseline hyperparameter the spec does not mention
-    fixed at the baseline's value (`source: "baseline"`). Raises `NotFound` for an unknown round,
-    `InvalidInput` for a `pipeline_id` or an objective that is not the round's pipeline's."""
-    round_row = round_or_404(session, _round_id(raw))
+    fixed at the baseline's value (`source: "baseline"`). Raises `InvalidInput` naming `round_id`
+    for an unknown round (a field of the body, not the resource asked for: 422, not 404), and for a
+    `pipeline_id` or an objective that is not the round's pipeline's."""
+    round_id = _round_id(raw)
+    try:
+        round_row = round_or_404(session, round_id)
+    except NotFound:
+        raise InvalidInput.one(
+            "round_id", f"no round {round_id}: create one with POST /api/v1/pipelines/{{id}}/rounds"
+        ) from None
     pipeline = pipeline_or_404(session, round_row.pipeline_id)
     given_pipeline = raw.get("pipeline_id")
     if given_pipeline is not None and given_pipeline != pipeline.id:

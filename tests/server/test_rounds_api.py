@@ -120,7 +120,7 @@ def test_bad_input_is_refused_and_nothing_is_half_written(client: httpx.Client) 
     assert client.post(f"{API}/pipelines/{pipeline['id']}/rounds", json={"goal": "g", "kind": "x"}).status_code == 422
 
     unknown = client.post(f"{API}/studies", json=lr_sweep(999))
-    assert unknown.status_code == 404 and "round 999" in unknown.json()["detail"]
+    assert unknown.status_code == 422 and "round_id" in unknown.text and "no round 999" in unknown.text
     foreign = client.post(f"{API}/studies", json={**lr_sweep(rnd["id"]), "pipeline_id": other["id"]})
     assert foreign.status_code == 422 and foreign.json()["detail"][0]["field"] == "round_id"
     assert f"pipeline {pipeline['id']}" in foreign.json()["detail"][0]["reason"]
