@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpo.command_template import has_placeholders, used_hyperparameters
 from hpo.trainer.config import OPTIMIZERS, TRAINING_HYPERPARAMETERS
 from hpo.trainer.schedules import SCHEDULES
 
@@ -79,9 +80,36 @@ def workload_errors(spec: StudySpec) -> list[FieldError]:
 
 
 def workload_warnings(spec: StudySpec) -> list[dict[str, Any]]:
-    """A creation warning for a user workload: its names cannot be checked before a trial runs."""
+    """Creation warnings for a user workload: its names cannot be checked before a trial runs; and
+    for a command with placeholders, the varied hyperparameters none of them passes."""
     if _builtin(spec) is not None:
         return []
+    return _unchecked(spec) + _unpassed(spec)
+
+
+def _unpassed(spec: StudySpec) -> list[dict[str, Any]]:
+    """A command that takes its hyperparameters as placeholders but names none for some that the
+    study varies would train every trial at the script's default for them, silently."""
+    command = trainer_value(spec, "command")
+    if not command or not has_placeholders(command):
+        return []
+    varied = sorted({hp.name for hp in spec.hyperparameters if hp.role != "fixed"})
+    missing = [name for name in varied if name not in used_hyperparameters(command, varied)]
+    if not missing:
+        return []
+    return [
+        {
+            "kind": "unpassed_hyperparameter",
+            "message": (
+                f"trainer.command passes no placeholder for {', '.join(missing)}, which the study varies: unless "
+                "the script reads them from $HPO_CONFIG, every trial trains at the script's own default for them. "
+                "Add --name={name} placeholders, or {args} for all (docs/scripts.md)"
+            ),
+        }
+    ]
+
+
+def _unchecked(spec: StudySpec) -> list[dict[str, Any]]:
     command = trainer_value(spec, "command")
     what = f"command {command!r}" if command else f"workload {spec.trainer.workload!r}"
     return [

@@ -220,7 +220,15 @@ def test_over_http_bad_placeholders_and_collectors_are_422s_naming_the_field(set
         wrong = {"command": ["{python}", "train.py"], "metrics": {"collector": "stdout", "pattern": "("}}
         assert "trainer.metrics" in http.post("/api/v1/studies", json={**base, "trainer": wrong}).text
         good = {"command": ["{python}", "train.py", "--lr={learning_rate}", "{args}"], "metrics": "stdout"}
-        assert http.post("/api/v1/studies", json={**base, "trainer": good}).status_code == 201
+        created = http.post("/api/v1/studies", json={**base, "trainer": good})
+        assert created.status_code == 201
+        assert "unpassed_hyperparameter" not in {w["kind"] for w in created.json()["warnings"]}
+        gamma = {"name": "gamma", "role": "nuisance", "type": "float", "min": 0.5, "max": 1.0}
+        only_lr = {"command": ["{python}", "train.py", "--lr={learning_rate}"], "metrics": "stdout"}
+        spec = {**base, "name": "u", "hyperparameters": [*base["hyperparameters"], gamma], "trainer": only_lr}
+        warned = http.post("/api/v1/studies", json=spec).json()["warnings"]
+        (unpassed,) = [w for w in warned if w["kind"] == "unpassed_hyperparameter"]
+        assert "gamma" in unpassed["message"] and "learning_rate" not in unpassed["message"]
 
 
 def _with(settings: Settings, policy: ExecutionPolicy) -> Settings:
