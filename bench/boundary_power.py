@@ -26,7 +26,7 @@ import numpy as np
 from scipy.stats import qmc
 
 from hpo.server.analysis.boundary import check_boundaries
-from hpo.server.analysis.model import TrialSummary
+from hpo.server.analysis.model import TrialSummary, arm_key
 from hpo.server.analysis.space import Dimension, from_unit
 
 LR = Dimension("learning_rate", "nuisance", "float", 1e-4, 1.0, "log")
@@ -42,9 +42,10 @@ SHAPES: dict[str, tuple[Callable[[np.ndarray], np.ndarray], str | None]] = {
 }
 
 
-def simulate(shape: str, n: int, studies: int, noise: float) -> tuple[float, float, float]:
+def simulate(shape: str, n: int, studies: int, noise: float, gate: bool = False) -> tuple[float, float, float]:
     """(rate the learning rate is flagged on the expected side or, for interior shapes, at all;
-    rate an irrelevant hyperparameter is flagged; rate of either)."""
+    rate an irrelevant hyperparameter is flagged; rate of either). With `gate` the rule is told the
+    noise (as replicas would measure it) and drops edges that beat the rest by less than it."""
     f, expected = SHAPES[shape]
     lr_hits = other_hits = 0
     for seed in range(studies):
@@ -62,7 +63,8 @@ def simulate(shape: str, n: int, studies: int, noise: float) -> tuple[float, flo
             )
             for i in range(n)
         ]
-        sides = {c.dim.name: c.side for c in check_boundaries(DIMS, trials, 1.0)}
+        floors = {arm_key({}): noise} if gate else None
+        sides = {c.dim.name: c.side for c in check_boundaries(DIMS, trials, 1.0, noise=floors)}
         lr = sides.get("learning_rate")
         lr_hits += (lr == expected) if expected else (lr is not None)
         other_hits += any(sides.get(d.name) for d in DIMS[1:])
@@ -75,13 +77,15 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.01)
     args = parser.parse_args()
     print(f"boundary rule over scrambled Halton designs, {args.studies} studies each, noise sd {args.noise}")
-    print("| shape | trials per arm | learning rate flagged | irrelevant hyperparameter flagged |")
-    print("|---|---|---|---|")
+    print("| shape | trials per arm | learning rate flagged | irrelevant hyperparameter flagged |", end="")
+    print(" with the noise gate: learning rate | irrelevant |")
+    print("|---|---|---|---|---|---|")
     for shape, (_, expected) in SHAPES.items():
         for n in (8, 12, 24):
             lr, other, _ = simulate(shape, n, args.studies, args.noise)
+            lr_gated, other_gated, _ = simulate(shape, n, args.studies, args.noise, gate=True)
             what = f"detection ({expected} side)" if expected else "false alarm"
-            print(f"| {shape} | {n} | {lr:.1%} {what} | {other:.1%} false alarm |")
+            print(f"| {shape} | {n} | {lr:.1%} {what} | {other:.1%} false alarm | {lr_gated:.1%} | {other_gated:.1%} |")
 
 
 if __name__ == "__main__":
