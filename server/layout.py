@@ -20,6 +20,20 @@ from .errors import FieldError, InvalidInput
 from .spec import Hyperparameter, StudySpec, crossed_arms, sampled_names
 
 OPTIMIZER_PARAMS = ("learning_rate", "momentum", "beta1", "beta2", "epsilon", "weight_decay")
+# What scripts call them (argparse flags of public examples: `--lr`, `--wd`, `--eps`): a command
+# study tuning `lr` tunes the learning rate, and is not told it tunes no optimizer hyperparameter.
+SCRIPT_OPTIMIZER_PARAMS = (
+    "lr",
+    "base_lr",
+    "max_lr",
+    "wd",
+    "eps",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "beta_1",
+    "beta_2",
+)
 # The playbook's Adam rule (FAQ: 10 trials for 2 hyperparameters, 25 for 3) works out to about
 # 8 trials per tuned dimension; fewer per arm and the best trial is mostly luck.
 TRIALS_PER_DIMENSION = 8
@@ -227,7 +241,8 @@ def design_warnings(spec: StudySpec) -> list[dict[str, Any]]:
     search spaces", "Batch size", and the Adam budget rule in the FAQ)."""
     tuned = {hp.name for hp in spec.hyperparameters if hp.role == "nuisance"}
     warnings: list[dict[str, Any]] = []
-    if spec.algorithm != "manual" and not tuned & set(OPTIMIZER_PARAMS):
+    known = {name.replace("-", "_").lower() for name in tuned}
+    if spec.algorithm != "manual" and not known & {*OPTIMIZER_PARAMS, *SCRIPT_OPTIMIZER_PARAMS}:
         warnings.append(
             {
                 "kind": "optimizer_all_fixed",

@@ -90,6 +90,9 @@ def test_design_warnings() -> None:
         {**LR, "name": "dropout", "scale": "linear", "min": 0.0},
     ]
     assert "optimizer_all_fixed" in _kinds(hyperparameters=fixed_lr)
+    # A script's own name for the learning rate (`--lr`) is a tuned optimizer hyperparameter too.
+    script_lr = [SCI, {**LR, "name": "lr"}, {**LR, "name": "dropout", "scale": "linear", "min": 0.0}]
+    assert "optimizer_all_fixed" not in _kinds(hyperparameters=script_lr)
     bs = [LR, {"name": "batch_size", "role": "nuisance", "type": "discrete", "values": [32, 64]}]
     assert "batch_size_tuned" in _kinds(hyperparameters=bs)
     assert "too_few_trials" in _kinds(num_trials=5)
