@@ -204,8 +204,11 @@ def _progress(session: Session, study: queries.StudyInfo, _options: dict[str, An
     finished = sum(counts[s] for s in _FINISHED)
     remaining = counts["pending"] + counts["running"]
     idle = None if last_event is None else max(0.0, now - last_event)
+    # one status everywhere: the effective status `GET /studies/{id}` answers (all trials finished
+    # reads `completed`; a bayesian study between proposals keeps its stored status)
+    done = study.status == "active" and total > 0 and not remaining and study.spec.get("algorithm") != "bayesian"
     return {
-        "status": study.status,
+        "status": "completed" if done else study.status,
         "counts": counts,
         "total": total,
         "finished": finished,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from markdown_it import MarkdownIt
 from sqlalchemy import select
 
 from .db import Database
@@ -14,6 +15,15 @@ from .models import Note, Study, Trial
 
 MAX_NOTE_CHARS = 20_000
 STUDY_NOTE = 0
+# CommonMark (with tables and strikethrough) and no raw HTML: a `<script>` or `<img onerror>` in a
+# note is shown as text, never run; markdown-it's link check refuses javascript:, vbscript:, file:
+# and non-image data: URLs.
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+
+
+def render(body: str | None) -> str:
+    """A note's Markdown as HTML that is safe to insert into a page (raw HTML escaped)."""
+    return _MARKDOWN.render(body or "")
 
 
 def _target(session: Any, study_id: int | None, trial_id: int | None) -> tuple[int, int]:
@@ -64,6 +74,6 @@ def study_notes(db: Database, study_id: int) -> dict[int, str]:
 
 def _public(note: Note | None) -> dict[str, Any]:
     if note is None:
-        return {"body": "", "updated_at": None}
+        return {"body": "", "updated_at": None, "html": ""}
     at = note.updated_at
-    return {"body": note.body, "updated_at": at.isoformat() if at is not None else None}
+    return {"body": note.body, "updated_at": at.isoformat() if at is not None else None, "html": render(note.body)}

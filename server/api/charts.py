@@ -28,6 +28,17 @@ class NoteIn(BaseModel):
 class NoteOut(BaseModel):
     body: str
     updated_at: str | None
+    html: str = Field(description="the body rendered as Markdown (CommonMark, raw HTML escaped)")
+
+
+class NotePreview(BaseModel):
+    html: str
+
+
+@router.post("/notes/preview", response_model=NotePreview)
+def preview_note(note: NoteIn = Body(...)) -> dict[str, Any]:
+    """How a note's Markdown renders, without saving it (the note editor's Preview)."""
+    return {"html": notes.render(note.body)}
 
 
 @router.get(

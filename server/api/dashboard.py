@@ -17,10 +17,11 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 
 from hpo.command_template import expand
 
-from .. import notes, studies, trials
+from .. import evidence, notes, pipelines, studies, trials
 from ..analysis import memo, queries
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import analyze_study
@@ -29,6 +30,7 @@ from ..charts import best_per_arm
 from ..errors import InvalidInput, NotFound
 from ..schemas import TrialCounts
 from .deps import DatabaseDep, SettingsDep, StudyId, TrialId
+from .pipelines import PipelineId, RoundId
 
 router = APIRouter(include_in_schema=False)
 
@@ -57,11 +59,12 @@ def index(db: DatabaseDep, request: Request) -> HTMLResponse:
         view = views.get(row["id"])
         if view is not None:
             rows.append({**row, "status": view.status, "progress": progress(view.trial_counts)})
-    return _page("index.html", rows=rows, base_url=base)
+    lines = pipelines.list_pipelines(db, limit=100)["items"]
+    return _page("index.html", rows=rows, base_url=base, pipelines=lines)
 
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
-def study_page(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
+def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResponse:
     """The page at once; the analysis' warnings and arm comparison are in it when the analysis of
     this study version was already computed, else the page fetches them (`analysis-sections`), so
     a big study's first visit does not wait seconds for the checklist before drawing anything."""
@@ -77,15 +80,18 @@ def study_page(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
         report_plots=REPORT_PLOTS,
         note=notes.get_note(db, study_id=study_id),
         arm_labels=labels,
+        can_write=can_write(request),
+        round_id=study.spec.get("round_id"),
+        pipeline_id=study.spec.get("pipeline_id"),
     )
 
 
 @router.get("/studies/{study_id}/analysis-sections", response_class=HTMLResponse)
-def study_analysis_sections(db: DatabaseDep, study_id: StudyId) -> HTMLResponse:
+def study_analysis_sections(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResponse:
     """The study page's warnings and arm comparison, as HTML to insert (see `study_page`)."""
     study = studies.get_study(db, study_id)
     analysis = memo.remember(db, study_id, "analysis", lambda: analyze_study(db, study_id))
-    return _page("study_analysis.html", **_analysis_context(db, study, analysis))
+    return _page("study_analysis.html", **_analysis_context(db, study, analysis), can_write=can_write(request))
 
 
 def _analysis_context(db: Any, study: Any, analysis: dict[str, Any] | None) -> dict[str, Any]:
@@ -121,7 +127,22 @@ def trial_page(db: DatabaseDep, settings: SettingsDep, request: Request, trial_i
         note=notes.get_note(db, trial_id=trial_id),
         live=trial.status in ("pending", "running"),
         base_url=str(request.base_url).rstrip("/"),
+        can_write=can_write(request),
     )
+
+
+@router.get("/pipelines/{pipeline_id}", response_class=HTMLResponse)
+def pipeline_page(db: DatabaseDep, pipeline_id: PipelineId) -> HTMLResponse:
+    """A pipeline: its baseline, the launch history (drawn from `GET /api/v1/pipelines/{id}`) and
+    its rounds with goal, status and decision."""
+    return _page("pipeline.html", pipeline=pipelines.get_pipeline(db, pipeline_id))
+
+
+@router.get("/rounds/{round_id}", response_class=HTMLResponse)
+def round_page(db: DatabaseDep, round_id: RoundId) -> HTMLResponse:
+    """A round: its studies, the candidate against the baseline (replica distributions drawn from
+    `GET /api/v1/rounds/{id}`), the verdict, the decision and the recipes' readouts."""
+    return _page("round.html", round=evidence.get_round(db, round_id))
 
 
 @router.get("/compare", response_class=HTMLResponse)
@@ -302,8 +323,37 @@ def _params_text(params: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={fmt(v)}" for k, v in params.items())
 
 
+def can_write(request: Request) -> bool:
+    """Whether the caller may write (the page then shows its controls): no authentication
+    configured, or a principal holding `write` (docs/security.md)."""
+    principal = getattr(request.state, "principal", None)
+    return principal is None or bool(principal.may("write"))
+
+
+def markdown(text: str | None) -> Markup:
+    """A note's Markdown as safe HTML (`notes.render`: raw HTML escaped)."""
+    return Markup(notes.render(text))  # noqa: S704 - rendered with html disabled
+
+
+def replicas_suggested(message: str, default: int = 5) -> int:
+    """The replica count a `replicas_recommended` warning names (`About 7 replicas per arm`)."""
+    import re
+
+    found = re.search(r"About (\d+) replicas", message) or re.search(r'"count": (\d+)', message)
+    return int(found.group(1)) if found else default
+
+
 def _page(template: str, **context: Any) -> HTMLResponse:
     page = _ENV.get_template(template)
     return HTMLResponse(
-        page.render(fmt=_fmt, ci=_ci, arm_text=arm_label, arm_name=_arm_name, params_text=_params_text, **context)
+        page.render(
+            fmt=_fmt,
+            ci=_ci,
+            arm_text=arm_label,
+            arm_name=_arm_name,
+            params_text=_params_text,
+            markdown=markdown,
+            replicas_suggested=replicas_suggested,
+            **context,
+        )
     )

@@ -163,12 +163,24 @@
     return (s / 86400).toFixed(1) + " d";
   };
 
-  // Notes: a textarea saved with PUT (a write role is needed once tokens exist).
+  // Notes: Markdown in a textarea, saved with PUT (a write role is needed once tokens exist); the
+  // server renders it (raw HTML escaped), so the view shows the server's HTML as it is.
   function setupNote() {
     var box = document.getElementById("note");
     if (!box) return;
     var button = box.querySelector(".save-note");
     var status = box.querySelector(".note-status");
+    var view = box.querySelector(".note-view");
+    var preview = box.querySelector(".preview-note");
+    if (preview) preview.addEventListener("click", function () {
+      fetch("/api/v1/notes/preview", { method: "POST", credentials: "same-origin",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: JSON.stringify({ body: box.querySelector("textarea").value }) })
+        .then(function (r) { return r.json().then(function (b) {
+          if (!r.ok) { status.textContent = "no preview: " + (b.message || b.detail || r.status); return; }
+          view.innerHTML = b.html; status.textContent = "preview (not saved)";
+        }); }).catch(function (e) { status.textContent = "no preview: " + e; });
+    });
     button.addEventListener("click", function () {
       status.textContent = "saving…";
       fetch(box.dataset.url, {
@@ -179,6 +191,7 @@
       }).then(function (r) {
         return r.json().then(function (b) {
           status.textContent = r.ok ? "saved" : "not saved: " + (b.message || b.detail || r.status);
+          if (r.ok && view) view.innerHTML = b.html || '<p class="muted">No notes yet.</p>';
         });
       }).catch(function (e) { status.textContent = "not saved: " + e; });
     });

@@ -42,6 +42,10 @@
     if (!d.n_feasible && !d.infeasible.x.length) return hpo.empty(box, "No completed trials yet.");
     var traces = d.series.map(function (s, i) { return markers(withText(s, d.text), hpo.COLORS[i % hpo.COLORS.length]); });
     if (d.infeasible.x.length) traces.push(infeasibleTrace(withText(d.infeasible, d.text)));
+    if (d.replicas && d.replicas.x.length) {  // at their original's number, hollow: never the best so far
+      var rep = markers(withText({ name: "replicas", x: d.replicas.x, y: d.replicas.y, ids: d.replicas.ids }, d.text), "#555", "circle-open");
+      traces.push(rep);
+    }
     traces.push({ type: "scatter", mode: "lines", name: "best so far", x: d.best.x, y: d.best.y,
       line: { shape: "hv", color: "#333", width: 1.5 }, hoverinfo: "skip" });
     return hpo.draw(box, traces, hpo.layout({ xaxis: { title: { text: "trial number" } }, yaxis: { title: { text: metric } } }), "history");
@@ -117,14 +121,19 @@
   };
 
   draw.importance = function (d, box) {
+    var armSelect = box.parentElement.querySelector('[data-importance="arm"]');
+    if (armSelect && !armSelect.dataset.bound) {
+      armSelect.dataset.bound = "1";
+      armSelect.addEventListener("change", function () { load("importance"); });
+    }
     var caption = box.parentElement.querySelector("[data-method]");
     if (caption) caption.textContent = "— " + d.method;
     if (!d.params.length) return hpo.empty(box, d.message || "No completed trials yet.");
     var ps = d.params.slice().reverse();
     return hpo.draw(box, [{ type: "bar", orientation: "h", x: ps.map(function (p) { return p.importance; }),
-      y: ps.map(function (p) { return p.name; }), error_x: { type: "data", array: ps.map(function (p) { return p.std; }) },
-      marker: { color: hpo.COLORS[0] }, hovertemplate: "%{y}: %{x:.3g}<extra></extra>", name: "importance" }],
-      hpo.layout({ showlegend: false, margin: { l: 140, r: 16, t: 12, b: 48 },
+      y: ps.map(function (p) { return p.name; }), customdata: ps.map(function (p) { return p.n; }), error_x: { type: "data", array: ps.map(function (p) { return p.std; }) },
+      marker: { color: hpo.COLORS[0] }, hovertemplate: "%{y}: %{x:.3g} (over %{customdata} trials)<extra></extra>", name: "importance" }],
+      hpo.layout({ showlegend: false, yaxis: { automargin: true }, margin: { l: 140, r: 16, t: 12, b: 48 },
         xaxis: { title: { text: "drop in R² when shuffled (" + d.n + " trials)" } } }), "importance");
   };
 
@@ -150,12 +159,25 @@
 
   var contourChoice = {};
   draw.contour = function (d, box) {
+    // the y choices are the hyperparameters defined in the same trials as x (`pairs`): two arms'
+    // learning rates are never offered together
     var selects = box.parentElement.querySelectorAll("[data-contour]");
     selects.forEach(function (s) {
       var axis = s.dataset.contour;
-      if (!s.options.length) {
-        d.choices.forEach(function (c) { var o = document.createElement("option"); o.textContent = c; s.appendChild(o); });
-        s.addEventListener("change", function () { contourChoice[axis] = s.value; load("contour"); });
+      if (axis === "arm") {
+        if (!s.dataset.bound) { s.dataset.bound = "1"; s.addEventListener("change", function () { contourChoice = { arm: s.value }; load("contour"); }); }
+        return;
+      }
+      var options = axis === "x" ? d.choices : (d.pairs && d.x ? d.pairs[d.x] : d.choices);
+      s.innerHTML = "";
+      options.forEach(function (c) { var o = document.createElement("option"); o.textContent = c; s.appendChild(o); });
+      if (!s.dataset.bound) {
+        s.dataset.bound = "1";
+        s.addEventListener("change", function () {
+          contourChoice[axis] = s.value;
+          if (axis === "x") delete contourChoice.y;
+          load("contour");
+        });
       }
       if (d[axis]) s.value = d[axis];
     });
@@ -212,15 +234,17 @@
       }
       x.push(null); y.push(null); ids.push(null); text.push("");
     });
+    var ranked = d.curves.filter(function (c) { return c.rank !== null; });
+    var copies = d.curves.length - ranked.length;
     var traces = [{ type: x.length > 20000 ? "scattergl" : "scatter", mode: "lines", x: x, y: y, customdata: ids, text: text, hovertemplate: HOVER,
-      name: d.curves.length + " trials", line: { color: "rgba(31,119,180,0.3)", width: 1 }, connectgaps: false }];
+      name: ranked.length + " trials" + (copies ? " and " + copies + " replicas" : ""), line: { color: "rgba(31,119,180,0.3)", width: 1 }, connectgaps: false }];
     var wanted = curveOptions().highlight.split(/[\s,]+/).filter(Boolean).map(Number);
     var chosen = d.curves.filter(function (c) { return wanted.indexOf(c.id) >= 0; });
-    if (!chosen.length) chosen = d.curves.slice(0, 3);
+    if (!chosen.length) chosen = ranked.slice(0, 3);  // the best three originals (replicas are never ranked)
     chosen.forEach(function (c, i) {
       traces.push({ type: "scatter", mode: "lines", x: c.steps, y: c.values, customdata: c.steps.map(function () { return c.id; }),
         text: c.steps.map(function (s, j) { return c.text + "<br>step " + s + ": " + hpo.fmt(c.values[j]); }), hovertemplate: HOVER,
-        name: "trial " + c.id + " (#" + c.rank + ")", line: { color: hpo.COLORS[(i + 1) % hpo.COLORS.length], width: 2.5 } });
+        name: "trial " + c.id + (c.rank !== null ? " (#" + c.rank + ")" : " (replica of " + c.replica_of + ")"), line: { color: hpo.COLORS[(i + 1) % hpo.COLORS.length], width: 2.5 } });
     });
     var yaxis = { title: { text: d.metric_name + (d.log_y ? " (log)" : "") }, type: d.log_y ? "log" : "linear" };
     if (d.y_range) yaxis.range = d.y_range;
@@ -249,8 +273,13 @@
     if (kind === "curves") {
       var o = curveOptions();
       q = "?metric=" + encodeURIComponent(o.metric) + "&limit=" + encodeURIComponent(o.limit || 300) + (o.arm ? "&arm=" + encodeURIComponent(o.arm) : "");
-    } else if (kind === "contour" && contourChoice.x && contourChoice.y) {
-      q = "?x=" + encodeURIComponent(contourChoice.x) + "&y=" + encodeURIComponent(contourChoice.y);
+    } else if (kind === "contour") {
+      var c = [];
+      ["x", "y", "arm"].forEach(function (k) { if (contourChoice[k]) c.push(k + "=" + encodeURIComponent(contourChoice[k])); });
+      q = c.length ? "?" + c.join("&") : "";
+    } else if (kind === "importance") {
+      var a = el("importance").parentElement.querySelector('[data-importance="arm"]');
+      q = a && a.value ? "?arm=" + encodeURIComponent(a.value) : "";
     }
     return api + "/charts/" + kind + q;
   }
@@ -532,4 +561,10 @@
   });
   loadTable();
   poll().then(function () { if (root.dataset.live === "1") setTimeout(tick, 3000); });
+  // A control on the page changed the study (actions.js): show it at once, and keep polling
+  // while the new trials run.
+  document.addEventListener("hpo:changed", function () {
+    loadTable();
+    poll().then(function () { if (root.dataset.live === "1") setTimeout(tick, 3000); });
+  });
 })();
