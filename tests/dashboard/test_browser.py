@@ -148,7 +148,7 @@ def test_study_page_charts_hover_click_and_filters(site: dict, driver: Any, shot
     ActionChains(driver).move_to_element(point).perform()
     text = wait(driver, "var h = document.querySelector('[data-chart=\"history\"] .hoverlayer .hovertext');"
                         " return h && h.textContent")  # fmt: skip
-    trial_id = int(text.split()[1])
+    trial_id = int(re.match(r"trial (\d+)", text).group(1))  # type: ignore[union-attr]
     assert (
         text.startswith(f"trial {trial_id}")
         and "(no." not in text
@@ -261,3 +261,27 @@ def test_bayesian_section_draws_best_so_far_and_the_model_bands(site: dict, driv
     ) == ["log:3", "log:3"]
     shots(driver, "bayesian")
     assert errors(driver) == []
+
+
+def test_controls_answer_in_place_and_a_note_never_runs_script(site: dict, driver: Any) -> None:
+    """Issue 25: the arm table's Replicate control creates replicas and says so without a reload;
+    a `<script>` in a note is shown as text and never runs."""
+    client, sid = site["client"], site["study"]["id"]
+    body = "**bold** <script>window.pwned = 1</script> <img src=x onerror='window.pwned = 2'>"
+    assert client.put(f"/api/v1/studies/{sid}/note", json={"body": body}).status_code == 200
+    driver.get(f"{site['url']}/studies/{sid}")
+    wait(driver, "return document.getElementById('analysis-sections').dataset.loaded === '1'")
+    assert driver.execute_script("return document.querySelector('.note-view strong').textContent") == "bold"
+    assert driver.execute_script("return window.pwned === undefined")
+    before = len(client.get(f"/api/v1/studies/{sid}/trials", params={"limit": 1000}).json()["items"])
+    form = "document.querySelector('#arms form.action')"
+    driver.execute_script(
+        f"{form}.querySelector('input[name=count]').value = 2; {form}.querySelector('button').click()"
+    )
+    text = wait(
+        driver, f"var f = {form}; return f.dataset.answered === '1' && f.querySelector('.action-result').textContent"
+    )
+    assert text.startswith("created trials ")
+    after = client.get(f"/api/v1/studies/{sid}/trials", params={"limit": 1000}).json()["items"]
+    assert len(after) == before + 2 and all(int(i) in {t["id"] for t in after} for i in re.findall(r"\d+", text))
+    assert driver.execute_script("return window.pwned === undefined") and not errors(driver)
