@@ -421,8 +421,12 @@ def _keep(
     )
     try:
         with session.begin_nested():
+            # A Core statement on the connection: the driver's executemany (pipelined by psycopg).
+            # Through the ORM's bulk path the same list ran as one statement per row, 7 of the 11 s
+            # of a 5,000-trial study's first analysis on a loaded machine.
+            connection = session.connection()
             for start in range(0, len(values), 2000):
-                session.execute(statement, values[start : start + 2000])
+                connection.execute(statement, values[start : start + 2000])
     except SQLAlchemyError:
         _log.warning("could not keep the curve statistics of %d trials", len(trial_ids), exc_info=True)
 
