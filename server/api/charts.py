@@ -16,8 +16,6 @@ from .deps import DatabaseDep, StudyId, TrialId
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 
-SortKey = Literal["number", "id", "objective", "status", "best_step", "started_at", "finished_at", "duration"]
-assert set(SortKey.__args__) == set(SORT_KEYS)  # type: ignore[attr-defined]
 Status = Literal["pending", "running", "completed", "infeasible", "failed", "cancelled"]
 
 
@@ -73,7 +71,12 @@ def get_chart(
 def get_table(
     db: DatabaseDep,
     study_id: StudyId,
-    sort: SortKey = "number",
+    sort: str = Query(
+        "number",
+        max_length=300,
+        description=f"one of {', '.join(SORT_KEYS)}; param:NAME (a hyperparameter's label, or a name declared once) "
+        "or metric:NAME (each trial's best value of that metric)",
+    ),
     desc: bool = False,
     status: list[Status] = Query(default_factory=list, description="keep these statuses (repeatable)"),
     arm: str | None = Query(None, max_length=500, description="keep this arm (its label)"),

@@ -21,7 +21,7 @@ from markupsafe import Markup
 
 from hpo.command_template import expand
 
-from .. import evidence, notes, pipelines, studies, trials
+from .. import evidence, notes, pipelines, studies, trial_table, trials
 from ..analysis import memo, queries
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import analyze_study
@@ -80,6 +80,7 @@ def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResp
         report_plots=REPORT_PLOTS,
         note=notes.get_note(db, study_id=study_id),
         arm_labels=labels,
+        table_columns=[c.public() for c in trial_table.columns(study.spec)],
         can_write=can_write(request),
         round_id=study.spec.get("round_id"),
         pipeline_id=study.spec.get("pipeline_id"),

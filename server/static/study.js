@@ -334,18 +334,40 @@
 
   // --- trial table ---------------------------------------------------------------------------
 
-  var table = { sort: "number", desc: false, offset: 0, limit: 50, filtered: 0 };
+  var table = { sort: "id", desc: false, offset: 0, limit: 50, filtered: 0 };
   var form = document.getElementById("trial-filters");
 
+  // One filter per row of #param-filters (name, min or value, max); a categorical one sends
+  // NAME=VALUE, a numeric one NAME:LO:HI. Brushing a parallel-coordinates axis fills them too.
+  function paramFilters() {
+    var out = [];
+    form.querySelectorAll(".param-filter").forEach(function (row) {
+      var sel = row.querySelector('select[name="param-name"]');
+      var name = sel.value;
+      var lo = row.querySelector('input[name="param-lo"]').value.trim(), hi = row.querySelector('input[name="param-hi"]').value.trim();
+      if (!name || !(lo || hi)) return;
+      var opt = sel.options[sel.selectedIndex];
+      out.push(opt && opt.dataset.type === "categorical" ? name + "=" + lo : name + ":" + lo + ":" + hi);
+    });
+    return out;
+  }
+
   function tableURL() {
-    var q = ["sort=" + table.sort, "desc=" + table.desc, "offset=" + table.offset, "limit=" + table.limit];
+    var q = ["sort=" + encodeURIComponent(table.sort), "desc=" + table.desc, "offset=" + table.offset, "limit=" + table.limit];
     form.querySelectorAll('input[name="status"]:checked').forEach(function (c) { q.push("status=" + c.value); });
     var arm = form.elements["arm"].value;
     if (arm) q.push("arm=" + encodeURIComponent(arm));
-    var name = form.elements["param-name"].value;
-    var lo = form.elements["param-lo"].value.trim(), hi = form.elements["param-hi"].value.trim();
-    if (name && (lo || hi)) q.push("param=" + encodeURIComponent(name + ":" + lo + ":" + hi));
+    paramFilters().forEach(function (f) { q.push("param=" + encodeURIComponent(f)); });
     return api + "/table?" + q.join("&");
+  }
+
+  function addFilterRow() {
+    var rows = form.querySelectorAll(".param-filter");
+    var row = rows[0].cloneNode(true);
+    row.querySelectorAll("input").forEach(function (i) { i.value = ""; });
+    row.querySelector("select").value = "";
+    document.getElementById("param-filters").appendChild(row);
+    return row;
   }
 
   function cell(tr, content, cls) {
@@ -353,6 +375,13 @@
     if (cls) td.className = cls;
     if (content instanceof Node) td.appendChild(content); else td.textContent = content;
     tr.appendChild(td);
+    return td;
+  }
+
+  function badge(text, cls, title) {
+    var b = document.createElement("span"); b.className = "badge " + cls; b.textContent = text;
+    if (title) b.title = title;
+    return b;
   }
 
   function loadTable() {
@@ -360,29 +389,41 @@
     return hpo.getJSON(tableURL()).then(function (t) {
       table.filtered = t.filtered;
       var body = document.querySelector("#trial-table tbody");
+      var labels = t.columns.map(function (c) { return c.label; });
       body.innerHTML = "";
       t.rows.forEach(function (r) {
         var tr = document.createElement("tr");
         tr.dataset.trialId = r.id;
-        cell(tr, String(r.number), "num");
-        var a = document.createElement("a"); a.href = "/trials/" + r.id; a.textContent = "trial " + r.id; cell(tr, a);
+        if (r.replica_of !== null) tr.classList.add("replica");
+        var first = document.createElement("span");
+        var a = document.createElement("a"); a.href = "/trials/" + r.id; a.textContent = "trial " + r.id; first.appendChild(a);
+        if (r.replica_of !== null) first.appendChild(badge("replica of " + r.replica_of, "replica", "a replica: the same configuration with another seed; never ranked best"));
+        if (r.retry_of !== null) first.appendChild(badge("retry of " + r.retry_of, "retry", "a new run of a failed trial"));
+        cell(tr, first);
         var st = document.createElement("span"); st.className = "status " + (r.diverged ? "infeasible" : r.status);
         st.textContent = r.diverged ? "diverged" : r.status; if (r.diverged) st.title = r.diverged; cell(tr, st);
         cell(tr, r.arm);
         cell(tr, hpo.fmt(r.objective), "num");
+        labels.forEach(function (l) {
+          var v = r.values[l];
+          var td = cell(tr, v === null || v === undefined ? "" : hpo.fmt(v), "num param");
+          if (v === null || v === undefined) td.title = "does not apply in this arm";
+        });
         cell(tr, hpo.fmt(r.best_step), "num");
         cell(tr, hpo.duration(r.duration_seconds), "num");
-        cell(tr, Object.keys(r.params).map(function (k) { return k + "=" + hpo.fmt(r.params[k]); }).join(", "));
+        var why = cell(tr, r.reason ? r.reason.slice(0, 80) : "", "reason");
+        if (r.reason) why.title = r.reason;
         cell(tr, (t.notes[String(r.id)] || "").slice(0, 80));
         body.appendChild(tr);
       });
       if (!t.rows.length) {
         var tr = document.createElement("tr");
         cell(tr, t.total ? "No trial matches the filters." : "No trials yet.");
-        tr.firstChild.colSpan = 9;
+        tr.firstChild.colSpan = 8 + labels.length;
         body.appendChild(tr);
       }
-      summary.textContent = t.filtered + " of " + t.total + " trials" + (t.filtered < t.total ? " match the filters" : "");
+      var sorted = t.sort_metric ? " sorted by best " + t.sort_metric.name + " (" + t.sort_metric.mode + ")" : "";
+      summary.textContent = t.filtered + " of " + t.total + " trials" + (t.filtered < t.total ? " match the filters" : "") + sorted;
       var last = Math.min(t.offset + t.limit, t.filtered);
       document.getElementById("table-page").textContent = t.filtered ? (t.offset + 1) + "–" + last + " of " + t.filtered : "";
       document.querySelectorAll("#trial-table th[data-sort]").forEach(function (th) {
@@ -394,9 +435,25 @@
     }).catch(function (e) { summary.textContent = "Could not load the trials: " + e.message; });
   }
 
+  // Brushing a parallel-coordinates axis narrows the table to the same range (smart selection).
+  hpo.filterTableByRange = function (label, lo, hi) {
+    var rows = form.querySelectorAll(".param-filter"), row = null;
+    rows.forEach(function (r) { var v = r.querySelector("select").value; if (v === label || (!row && !v)) row = row || r; });
+    if (!row) row = addFilterRow();
+    row.querySelector("select").value = label;
+    row.querySelector('input[name="param-lo"]').value = lo === null ? "" : String(lo);
+    row.querySelector('input[name="param-hi"]').value = hi === null ? "" : String(hi);
+    table.offset = 0;
+    loadTable();
+  };
+
   if (form) {
     form.addEventListener("submit", function (ev) { ev.preventDefault(); table.offset = 0; loadTable(); });
-    form.addEventListener("reset", function () { setTimeout(function () { table.offset = 0; loadTable(); }, 0); });
+    form.addEventListener("reset", function () {
+      form.querySelectorAll(".param-filter").forEach(function (r, i) { if (i) r.remove(); });
+      setTimeout(function () { table.offset = 0; loadTable(); }, 0);
+    });
+    form.querySelector("[data-add-filter]").addEventListener("click", addFilterRow);
     form.querySelectorAll('input[name="status"], select[name="arm"]').forEach(function (c) {
       c.addEventListener("change", function () { table.offset = 0; loadTable(); });
     });
