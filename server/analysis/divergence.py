@@ -87,7 +87,7 @@ def _load_trials(
     prefix = study.metric.rsplit("/", 1)[0] + "/" if "/" in study.metric else ""
     chance = chance_of(study.metric, queries.class_count(session, study.id, prefix))
     judged = [t for t in trials if _judged(t)]
-    ids = candidates(stats, [t.id for t in judged], study.mode, chance, rule)
+    ids = candidates(stats, [t.id for t in judged], study.metric, study.mode, chance, rule)
     curves = queries.curves_of(session, sorted(ids), names) if ids else {}
     reasons = {
         tid: reason
@@ -120,6 +120,7 @@ def diverged(
 def candidates(
     stats: Mapping[str, queries.CurveStats],
     trial_ids: Iterable[int],
+    objective: str,
     mode: str,
     chance: tuple[float, float] | None,
     rule: Rule,
@@ -143,7 +144,7 @@ def candidates(
                     flag |= unknown | (s.maximum > rule.factor * s.first)
                 own = np.array([name == TRAIN_LOSS or int(t) not in has_train for t in s.trial_ids], dtype=bool)
                 flag |= own & (unknown | few | (s.late_max >= (1.0 - rule.margin) * s.first))
-            elif chance is not None:
+            if name == objective and chance is not None:
                 level, perfect = chance
                 margin = rule.margin * abs(perfect - level)
                 worst = s.late_max >= level - margin if mode == "min" else s.late_min <= level + margin

@@ -137,3 +137,30 @@ def test_validation_loss_that_explodes_without_a_training_loss_is_diverged_not_o
     result = analysis(client, study["id"])
     assert set(_diverged(result)) == exploding and set(_diverged(result).values()) == {"validation loss diverged"}
     assert "overfitting" not in kinds(result) and result["overfitting"]["flagged"] == 0
+
+
+def test_a_validation_loss_objective_at_chance_is_judged_with_known_classes(client: httpx.Client) -> None:
+    """Objective `valid/loss`, 10 classes reported: runs whose training loss falls but whose
+    validation loss stays at ln 10 (nothing generalizes) are no better than chance; the statistics
+    that pick the candidates must not skip them because the objective is a loss."""
+    at_chance: set[int] = set()
+
+    def plant(config: dict[str, Any]) -> Outcome:
+        number = config["number"]
+        _, train = planted.clean(number)
+        rng = np.random.default_rng(number)
+        if number % 4 == 1:
+            at_chance.add(config["trial_id"])
+            loss = math.log(10) + 0.01 * rng.normal(size=planted.EVAL_STEPS.size)
+        else:
+            level = 0.3 + 0.3 * (unit_lr(config) - 0.5) ** 2
+            loss = level + 2.0 * np.exp(-planted.EVAL_STEPS / 200) + 0.01 * rng.normal(size=planted.EVAL_STEPS.size)
+        curves = {"valid/loss": planted.Curve(planted.EVAL_STEPS, loss), "train/loss": train}
+        return Outcome({**curves, **planted.class_counts(planted.EVAL_STEPS)})
+
+    body = spec("valid-loss-chance", num_trials=12)
+    body["objective"] = {"metric": "valid/loss", "mode": "min"}
+    study = create(client, body)
+    run_pending(client, plant)
+    result = analysis(client, study["id"])
+    assert set(_diverged(result)) == at_chance and set(_diverged(result).values()) == {"no better than chance"}
