@@ -84,6 +84,9 @@
       var n = p.series.reduce(function (k, s) { return k + s.x.length; }, 0);
       var traces = p.series.map(function (s, i) { return markers(withText(s, d.text), hpo.COLORS[i % hpo.COLORS.length], null, n > 10000 ? 0 : null); });
       if (p.infeasible.x.length) traces.push(infeasibleTrace(withText(p.infeasible, d.text)));
+      if (p.replicas && p.replicas.x.length) {  // hollow, as in the history chart: drawn, never ranked
+        traces.push(markers(withText({ name: "replicas", x: p.replicas.x, y: p.replicas.y, ids: p.replicas.ids }, d.text), "#555", "circle-open"));
+      }
       var shapes = (p.bounds || []).map(function (b) {
         return { type: "line", xref: "x", yref: "paper", x0: b, x1: b, y0: 0, y1: 1, line: { dash: "dash", color: "#999", width: 1 } };
       });
@@ -154,7 +157,25 @@
     return hpo.draw(box, [{ type: "parcoords", dimensions: dims, customdata: d.ids,
       line: { color: d.color, colorscale: "Viridis", reversescale: !reverse, showscale: true,
         colorbar: { title: { text: metric } } } }],
-      hpo.layout({ height: 400, margin: { l: 60, r: 80, t: 48, b: 24 } }), "parallel");
+      hpo.layout({ height: 400, margin: { l: 60, r: 80, t: 48, b: 24 } }), "parallel").then(function () {
+      if (box.dataset.brushing) return;
+      box.dataset.brushing = "1";
+      // Smart selection: a range brushed on a hyperparameter's axis filters the trial table.
+      box.on("plotly_restyle", function () {
+        var trace = box.data && box.data[0];
+        if (!trace || !hpo.filterTableByRange) return;
+        d.axes.forEach(function (a, i) {
+          var dim = trace.dimensions[i];
+          if (!a.param || a.categorical || !dim) return;
+          var r = dim.constraintrange;
+          if (r && Array.isArray(r[0])) r = r[0];
+          if (!r) return;
+          var lo = a.not_applicable_at !== undefined ? Math.max(r[0], a.range[0] + (a.range[1] - a.range[0]) * 0.1) : r[0];
+          var conv = function (v) { return Number((a.log ? Math.pow(10, v) : v).toPrecision(4)); };
+          hpo.filterTableByRange(a.param, conv(lo), conv(r[1]));
+        });
+      });
+    });
   };
 
   var contourChoice = {};

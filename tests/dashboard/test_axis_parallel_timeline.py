@@ -1,0 +1,67 @@
+"""Issue 25, items 3 and 8: the axis chart draws replicas marked and never among the originals, the
+parallel coordinates give each arm's learning rate its own axis, and the timeline shows each
+trial's attempts per worker. Planted trials through the worker protocol over HTTP, on SQLite and
+Postgres."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.analysis import planted
+from tests.analysis.protocol import API, Outcome, analysis, create, run_pending
+from tests.dashboard.test_conditional_charts import ADAM, ADAM_LR, SGD, adam_lr_drives, chart, conditional_spec
+
+
+@pytest.fixture
+def study(client: httpx.Client) -> dict[str, Any]:
+    """16 originals over two arms (two workers), then two replicas of the best Adam trial."""
+    created = create(client, conditional_spec(num_trials=8))
+    assert run_pending(client, adam_lr_drives, worker="gpu-a") == 16
+    best = {a["label"]: a["best_trial_id"] for a in analysis(client, created["id"])["arms"]}
+    made = client.post(f"{API}/trials/{best['optimizer=adam']}/replicas", json={"count": 2})
+    assert made.status_code == 201, made.text
+
+    def lucky(config: dict[str, Any]) -> Outcome:
+        valid, train = planted.clean(config["number"], 0.01, noise=0.001)
+        return Outcome({"valid/error_rate": valid, "train/loss": train})
+
+    assert run_pending(client, lucky, worker="gpu-b") == 2
+    return {**created, "best_adam": best["optimizer=adam"], "replicas": made.json()["trial_ids"]}
+
+
+def test_axis_chart_marks_replicas_apart_from_the_originals(client: httpx.Client, study: dict) -> None:
+    axis = chart(client, study["id"], "axis")
+    panels = {p["param"]: p for p in axis["panels"]}
+    assert set(panels) == {ADAM, SGD, "weight_decay"}
+    adam, sgd = panels[ADAM], panels[SGD]
+    assert set(adam["replicas"]["ids"]) == set(study["replicas"]) and sgd["replicas"]["ids"] == []
+    originals = {i for s in adam["series"] for i in s["ids"]}
+    assert not originals & set(study["replicas"]) and len(originals) == 8  # replicas never among the ranked points
+    assert study["best_adam"] in originals
+    assert min(adam["replicas"]["y"]) < min(y for s in adam["series"] for y in s["y"])  # the lucky copies, drawn
+    assert "replica of trial" in axis["text"][str(study["replicas"][0])] and axis["n_replicas"] == 2
+
+
+def test_parallel_coordinates_give_each_arm_its_own_learning_rate_axis(client: httpx.Client, study: dict) -> None:
+    parallel = chart(client, study["id"], "parallel")
+    axes = {a["param"]: a for a in parallel["axes"] if "param" in a}
+    assert set(axes) == {"optimizer", ADAM, SGD, "weight_decay"}
+    assert parallel["n"] == 16 and not set(parallel["ids"]) & set(study["replicas"])
+    adam = axes[ADAM]
+    assert adam["label"] == f"{ADAM} (log)" and adam["log"] is True and adam["ticktext"][0] == "n/a"
+    at = adam["not_applicable_at"]
+    assert at < math.log10(ADAM_LR[0]) and adam["range"][0] == at
+    trials = {
+        t["id"]: t for t in client.get(f"{API}/studies/{study['id']}/trials", params={"limit": 100}).json()["items"]
+    }
+    for tid, value in zip(parallel["ids"], adam["values"], strict=True):
+        params = trials[tid]["params"]
+        if params["optimizer"] == "adam":
+            assert value == pytest.approx(math.log10(params["learning_rate"]))
+        else:
+            assert value == at  # another arm's trial crosses at n/a, never inside Adam's range
+    assert axes["optimizer"]["categorical"] is True and axes["optimizer"]["ticktext"] == ["sgd", "adam"]
