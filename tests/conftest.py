@@ -152,3 +152,17 @@ def live_server(settings: Settings) -> Iterator[LiveServer]:
 def client(live_server: LiveServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=live_server.url, timeout=30) as http:
         yield http
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """The one local Ray instance of the test session (2 CPUs, no dashboard): every test that runs a
+    real worker shares it (a second `ray.init` in one process fails)."""
+    import ray
+
+    repo = Path(__file__).resolve().parents[1]
+    # Ray's worker processes inherit this, so they can import tests.worker.fake_trainer.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024**2)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

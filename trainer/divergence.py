@@ -238,7 +238,9 @@ def _at_chance(series: Series, mode: str, chance: tuple[float, float], margin: f
 
 def _no_better(name: str, series: Series, margin: float) -> str | None:
     finite = series.values[np.isfinite(series.values)]
-    if not len(finite) or finite[0] <= 0:
+    # One logged value is its own start and end: it shows nothing about training (a study that
+    # reports only its final validation loss), so the rule abstains.
+    if len(finite) < 2 or finite[0] <= 0:
         return None
     # The lower quartile: a loss whose late logs spike now and then still ends where most logs are.
     initial, end = float(finite[0]), end_level(series, LOSS_QUANTILE)

@@ -19,15 +19,7 @@ from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
 from hpo.worker.loop import Worker, WorkerOptions
 from tests.conftest import LiveServer
-from tests.worker.conftest import (  # noqa: F401  (ray_address is a fixture)
-    API,
-    REPO,
-    create_study,
-    metric_steps,
-    ray_address,
-    study_done,
-    trials,
-)
+from tests.worker.conftest import API, REPO, create_study, metric_steps, study_done, trials
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -38,7 +30,7 @@ LEARNING_RATE = {"name": "learning_rate", "role": "nuisance", "type": "float", "
 
 
 @pytest.fixture
-def env(ray_address: str, database_url: str, tmp_path: Path) -> Any:  # noqa: F811
+def env(ray_address: str, database_url: str, tmp_path: Path) -> Any:
     policy = ExecutionPolicy(command_prefixes=(("python",), (sys.executable,)))
     settings = Settings(
         database_url=database_url, artifact_root=tmp_path / "artifacts", lease_seconds=30, execution_policy=policy

@@ -76,7 +76,10 @@ def test_the_servers_allow_list_admits_what_the_operator_allows(settings: Settin
         assert "trainer.command" in fields(http.post(f"{API}/studies", json=other_script))
         assert "trainer.workload" in fields(http.post(f"{API}/studies", json=small_spec("d", workload="other:Net")))
         preload = small_spec("e", command=["python", "train.py"], env={"LD_PRELOAD": "/tmp/evil.so"})
-        assert "LD_PRELOAD" in fields(http.post(f"{API}/studies", json=preload))["trainer.env"]
+        assert (
+            "is not allowed on this fleet"
+            in fields(http.post(f"{API}/studies", json=preload))["trainer.env.LD_PRELOAD"]
+        )
 
 
 # --- tokens with roles -----------------------------------------------------------------------------

@@ -4,7 +4,6 @@ and run a worker until a condition holds."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,17 +23,6 @@ FAKE_TRAINER = "tests.worker.fake_trainer:train"
 FAKE_WORKLOAD = "tests.worker.fake_trainer:Workload"  # a user workload: names the server cannot check
 # The operator's allow-list of these tests, on the server and on the workers (docs/security.md).
 TESTS_ALLOWED = ExecutionPolicy(workload_globs=("tests.*",))
-
-
-@pytest.fixture(scope="session")
-def ray_address() -> Iterator[str]:
-    import ray
-
-    # Ray's worker processes inherit this, so they can import tests.worker.fake_trainer.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024**2)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 @pytest.fixture
