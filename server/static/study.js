@@ -213,6 +213,46 @@
       yaxis: { title: { text: d.y }, type: d.y_type } }), "contour");
   };
 
+  // Timeline: one row per worker, a bar per trial from its first start to its finish (one trace
+  // per status, bars as thick line segments separated by gaps: one path each, fast at 50,000).
+  var TIMELINE_COLORS = { completed: hpo.COLORS[0], running: "#2ca02c", infeasible: hpo.INFEASIBLE, failed: "#8c564b", cancelled: "#999" };
+  draw.timeline = function (d, box) {
+    if (!d.n) return hpo.empty(box, "No trial has started yet.");
+    var b = d.bars, traces = {}, straggler = {};
+    d.stragglers.forEach(function (id) { straggler[id] = true; });
+    var names = d.workers.map(function (w) { return w.name; });
+    var marks = { x: [], y: [], text: [], ids: [] };
+    for (var i = 0; i < b.ids.length; i++) {
+      var st = b.status[i];
+      var t = traces[st] || (traces[st] = { x: [], y: [], customdata: [], text: [] });
+      var worker = names[b.worker[i]];
+      var secs = (b.end[i] - b.start[i]) / 1000;
+      var label = "trial " + b.ids[i] + (b.replica[i] ? " (replica)" : "") + "<br>" + worker + " · " + st + " · " + hpo.duration(secs) +
+        (b.attempts[i] > 1 ? "<br>" + b.attempts[i] + " attempts (claimed again after a preemption, expiry or error)" : "") +
+        (straggler[b.ids[i]] ? "<br>straggler: over " + hpo.fmt(secs / d.median_seconds) + "× the median" : "");
+      t.x.push(b.start[i], b.end[i], null); t.y.push(worker, worker, null);
+      t.customdata.push(b.ids[i], b.ids[i], null); t.text.push(label, label, "");
+      if (b.attempts[i] > 1 || straggler[b.ids[i]]) {
+        marks.x.push(b.end[i]); marks.y.push(worker); marks.ids.push(b.ids[i]); marks.text.push(label);
+      }
+    }
+    var big = b.ids.length > 2000;
+    var width = Math.max(3, Math.min(14, 240 / Math.max(1, names.length)));
+    var out = Object.keys(traces).map(function (st) {
+      var t = traces[st];
+      return { type: big ? "scattergl" : "scatter", mode: "lines", name: st, x: t.x, y: t.y, customdata: t.customdata, text: t.text,
+        hovertemplate: "%{text}<extra></extra>", connectgaps: false, line: { color: TIMELINE_COLORS[st] || "#666", width: width } };
+    });
+    if (marks.x.length) out.push({ type: "scatter", mode: "markers", name: "retried or straggler", x: marks.x, y: marks.y, customdata: marks.ids,
+      text: marks.text, hovertemplate: "%{text}<extra></extra>", marker: { symbol: "triangle-left", size: 8, color: "#d62728" } });
+    var idle = d.workers.filter(function (w) { return w.busy_fraction !== null && w.busy_fraction < 0.5; }).length;
+    var caption = box.parentElement.querySelector("[data-timeline-note]");
+    if (caption) caption.textContent = d.workers.length + " workers" + (idle ? ", " + idle + " busy under half the time" : "") +
+      (d.stragglers.length ? ", " + d.stragglers.length + " stragglers" : "");
+    return hpo.draw(box, out, hpo.layout({ height: Math.min(600, 120 + 28 * names.length), xaxis: { type: "date", title: { text: "wall-clock time" } },
+      yaxis: { type: "category", categoryorder: "array", categoryarray: names.slice().reverse(), automargin: true } }), "timeline");
+  };
+
   draw.best_steps = function (d, box) {
     if (!d.fractions.length) return hpo.empty(box, "No completed trials yet.");
     var bins = { start: 0, end: 1, size: 0.05 };

@@ -65,3 +65,43 @@ def test_parallel_coordinates_give_each_arm_its_own_learning_rate_axis(client: h
         else:
             assert value == at  # another arm's trial crosses at n/a, never inside Adam's range
     assert axes["optimizer"]["categorical"] is True and axes["optimizer"]["ticktext"] == ["sgd", "adam"]
+
+
+def test_timeline_shows_each_trial_on_its_worker_row(client: httpx.Client, study: dict) -> None:
+    sid = study["id"]
+    timeline = chart(client, sid, "timeline")
+    bars = timeline["bars"]
+    assert timeline["n"] == 18 and len(bars["ids"]) == 18 and len(set(bars["ids"])) == 18
+    workers = {w["name"]: w for w in timeline["workers"]}
+    assert set(workers) == {"gpu-a", "gpu-b"} and workers["gpu-a"]["trials"] == 16 and workers["gpu-b"]["trials"] == 2
+    names = [w["name"] for w in timeline["workers"]]
+    on_b = {tid for tid, w in zip(bars["ids"], bars["worker"], strict=True) if names[w] == "gpu-b"}
+    assert on_b == set(study["replicas"])  # the replicas ran on the second worker
+    assert [tid for tid, rep in zip(bars["ids"], bars["replica"], strict=True) if rep] == sorted(study["replicas"])
+    assert all(a <= b for a, b in zip(bars["start"], bars["end"], strict=True))
+    assert bars["start"] == sorted(bars["start"]) and timeline["start"] == bars["start"][0]
+    assert set(bars["status"]) == {"completed"} and all(n == 1 for n in bars["attempts"])
+    assert 0 < workers["gpu-a"]["busy_fraction"] <= 1.0
+
+    # a trial claimed and never finished stays running, its bar reaching the server's now
+    client.post(f"{API}/trials/{study['best_adam']}/replicas", json={"count": 1})
+    claim = client.post(f"{API}/workers/claim", json={"worker_id": "gpu-c", "resources": {"cpus": 8, "gpus": 1}})
+    assert claim.status_code == 200, claim.text
+    live = chart(client, sid, "timeline")
+    i = live["bars"]["ids"].index(claim.json()["trial_id"])
+    assert live["bars"]["status"][i] == "running" and live["bars"]["end"][i] == live["now"]
+    assert live["workers"][live["bars"]["worker"][i]]["name"] == "gpu-c"
+
+
+def test_timeline_of_a_study_that_never_started_is_empty(client: httpx.Client) -> None:
+    created = create(client, conditional_spec(num_trials=2))
+    empty = chart(client, created["id"], "timeline")
+    assert empty["n"] == 0 and empty["workers"] == [] and empty["start"] is None and empty["stragglers"] == []
+    assert client.get(f"{API}/studies/{created['id']}/charts/timelines").status_code == 422
+
+
+def test_a_workers_busy_time_counts_overlapping_trials_once() -> None:
+    from hpo.server.charts import _union_seconds
+
+    assert _union_seconds([(0.0, 10.0), (5.0, 12.0), (20.0, 25.0)]) == 17.0
+    assert _union_seconds([(3.0, 4.0), (0.0, 10.0)]) == 10.0 and _union_seconds([]) == 0.0
