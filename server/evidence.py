@@ -24,7 +24,7 @@ from hpo.policy import ExecutionPolicy
 
 from . import studies, trials
 from .analysis import queries
-from .analysis.arms import CONFIDENCE, comparison, replica_stats
+from .analysis.arms import CONFIDENCE, comparison, replica_stats, seed_ignored_message
 from .analysis.divergence import load_trials
 from .analysis.model import TrialSummary, fmt
 from .db import Database
@@ -151,7 +151,12 @@ def compare(
 ) -> dict[str, Any]:
     """The evidence: both samples (`sample`), the analysis' Welch comparison of their means, and
     the round's verdict (`verdict_of`)."""
-    cand = {"label": "candidate", "best_value": found.trial.objective, **replica_stats(replicas)}
+    cand = {
+        "label": "candidate",
+        "trial_id": found.trial.id,
+        "best_value": found.trial.objective,
+        **replica_stats(replicas, original=found.trial),
+    }
     base = replica_stats(baseline)
     base_arm = {"label": "baseline", "best_value": base["replica_mean"], **base}
     cmp = comparison([cand, base_arm], sign)
@@ -168,6 +173,7 @@ def compare(
         "p_value": cmp["p_value"] if cmp else None,
         "verdict": verdict,
         "missing": missing if verdict == "unknown" else [],
+        "seed_ignored": [name for name, arm in sides if arm["seed_ignored"]],
         "message": _message(verdict, cmp, cand, base, missing),
     }
 
@@ -197,7 +203,8 @@ def verdict_of(cmp: Mapping[str, Any] | None, cand: Mapping[str, Any], base: Map
     """The round's verdict from the analysis' comparison of candidate (ranked first) and baseline:
     `unstable` when a rerun of either diverged or failed, `better`/`worse` when the interval of
     the difference excludes 0 (positive: the candidate is better), `within_noise` when it does
-    not, `unknown` without two finished reruns of each."""
+    not, `unknown` without two finished reruns of each or when either side's runs returned
+    identical values (`arms.identical_runs`: the seed does not reach the training code)."""
     if any(_failed(arm, []) for arm in (cand, base)):
         return "unstable"
     if cmp is None or cmp["verdict"] in ("unknown", "unstable"):
@@ -210,6 +217,13 @@ def verdict_of(cmp: Mapping[str, Any] | None, cand: Mapping[str, Any], base: Map
 def _message(
     verdict: str, cmp: Mapping[str, Any] | None, cand: Mapping[str, Any], base: Mapping[str, Any], missing: list[str]
 ) -> str:
+    if verdict == "unknown" and (cand["seed_ignored"] or base["seed_ignored"]):
+        side, runs, trial_id = (
+            ("The candidate", [*cand["replica_values"], cand["best_value"]], cand.get("trial_id"))
+            if cand["seed_ignored"]
+            else ("The baseline", base["replica_values"], None)
+        )
+        return seed_ignored_message(side, trial_id, len(runs), runs[0])
     if verdict == "unknown":
         return (
             f"Trial variance is unmeasured ({', '.join(missing) or 'a comparison'} missing): run the candidate and the "

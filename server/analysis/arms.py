@@ -70,17 +70,41 @@ def _summary(group: list[TrialSummary], replicas_of: Mapping[int, list[TrialSumm
         "n_infeasible": sum(t.infeasible for t in originals),
         "n_failed": counts["failed"],
         "n_unfinished": counts["running"] + counts["pending"],
-        **replica_stats(replicas_of.get(best.id, []) if best else []),
+        **replica_stats(replicas_of.get(best.id, []) if best else [], original=best),
     }
 
 
-def replica_stats(replicas: Sequence[TrialSummary]) -> dict[str, Any]:
+def identical_runs(values: Sequence[float]) -> bool:
+    """Whether two or more runs of one configuration with different seeds returned the same value
+    (bit for bit): the seed does not reach the training code, so the runs cannot measure trial
+    variance (issue 24). Used by the analysis' comparison and by the rounds' evidence alike."""
+    return len(values) >= 2 and len(set(values)) == 1
+
+
+def seed_ignored_message(label: str, trial_id: int | None, n_runs: int, value: float | None) -> str:
+    """The `seed_ignored` warning's text: what happened, why it matters and how to pass the seed."""
+    which = f"trial {trial_id} and its replicas" if trial_id is not None else "its reruns"
+    return (
+        f"{label}: {n_runs} runs of one configuration with different seeds ({which}) returned the identical value "
+        f"{fmt(value)}: the seed does not reach the training code, so replicas cannot measure trial variance and no "
+        'comparison is made (the verdict is `unknown`). Pass the seed to the script: read config["seed"] from '
+        'HPO_CONFIG, or put the {seed} placeholder in trainer.command (docs/scripts.md, "What replicas need"), then '
+        "replicate again."
+    )
+
+
+def replica_stats(replicas: Sequence[TrialSummary], original: TrialSummary | None = None) -> dict[str, Any]:
     """Statistics of the finished replicas of one trial, the selected original excluded:
     `n_replicas` (feasible ones), `n_replicas_infeasible`, `n_replicas_failed` (diverged,
     infeasible or failed) and `replicas_diverged` (`"k of n diverged"` over the finished ones),
     `replica_values`, `replica_mean` (one or more), `replica_std` and `replica_ci` (a t interval of
-    the mean; two or more), all over the surviving replicas."""
+    the mean; two or more), all over the surviving replicas. `seed_ignored`: the replicas (with
+    `original`, when it is feasible) are two or more runs that returned identical values
+    (`identical_runs`); `replica_std` and `replica_ci` are then None (nothing was measured)."""
     values = [float(t.objective or 0.0) for t in replicas if t.feasible]
+    with_original = original is not None and original.feasible and bool(values)
+    runs = values + ([float(original.objective or 0.0)] if with_original and original is not None else [])
+    ignored = identical_runs(runs)
     n = len(values)
     # Playbook (002), "Determining whether to adopt a training pipeline change": a replica is a rerun
     # of the same configuration, so one that diverges or fails is a property of that configuration
@@ -88,7 +112,7 @@ def replica_stats(replicas: Sequence[TrialSummary]) -> dict[str, Any]:
     failed = sum(t.infeasible or t.status == "failed" for t in replicas)
     finished = n + failed
     mean = float(np.mean(values)) if n else None
-    std = float(np.std(values, ddof=1)) if n >= 2 else None
+    std = float(np.std(values, ddof=1)) if n >= 2 and not ignored else None
     ci = None
     if n >= 2 and mean is not None and std is not None:
         half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
@@ -102,6 +126,7 @@ def replica_stats(replicas: Sequence[TrialSummary]) -> dict[str, Any]:
         "replica_mean": mean,
         "replica_std": std,
         "replica_ci": ci,
+        "seed_ignored": ignored,
     }
 
 
@@ -109,7 +134,9 @@ def comparison(arms: Sequence[Mapping[str, Any]], sign: float) -> dict[str, Any]
     """The two best-ranked arms compared: `difference` (runner-up minus best, oriented so positive
     means the best arm is better, in the metric's units), its Welch confidence interval and the
     verdict: `unstable` when either arm's replicas diverged or failed (`unstable_arms`; a comparison
-    of the survivors would hide a configuration that fails one run in k), else `different` when the
+    of the survivors would hide a configuration that fails one run in k), `unknown` when either
+    arm's runs returned identical values (`seed_ignored_arms`: the seed does not reach the training
+    code, so no Welch test runs on a zero variance), else `different` when the
     interval excludes 0, `within_noise` when it does not, `unknown` without two replicas of each
     (trial variance unmeasured). None with fewer than two arms."""
     ranked = [a for a in arms if a["best_value"] is not None]
@@ -127,7 +154,11 @@ def comparison(arms: Sequence[Mapping[str, Any]], sign: float) -> dict[str, Any]
     }
     a, b = best["replica_values"], runner["replica_values"]
     unstable = [arm["label"] for arm in (best, runner) if arm.get("n_replicas_failed")]
-    if len(a) < 2 or len(b) < 2:
+    ignored = [arm["label"] for arm in (best, runner) if arm.get("seed_ignored")]
+    out["seed_ignored_arms"] = ignored
+    if ignored and not unstable:
+        return out
+    if len(a) < 2 or len(b) < 2 or ignored:
         return {**out, "verdict": "unstable", "unstable_arms": unstable} if unstable else out
     va, vb = float(np.var(a, ddof=1)) / len(a), float(np.var(b, ddof=1)) / len(b)
     diff = sign * (float(np.mean(b)) - float(np.mean(a)))
@@ -155,7 +186,7 @@ def trial_variance(arms: Sequence[Mapping[str, Any]], eval_noise: float | None) 
     """Whether trial variance was measured (some arm's best trial has two or more replicas), the
     evaluation noise estimated from late curves (a lower bound on it, always available), and a
     sentence that says which."""
-    measured = [a for a in arms if a["replica_std"] is not None]
+    measured = [a for a in arms if a["replica_std"] is not None and not a.get("seed_ignored")]
     if measured:
         spread = ", ".join(f"{a['label']}: {fmt(a['replica_std'])} ({a['n_replicas']} replicas)" for a in measured)
         message = f"Trial variance measured from replicas of each arm's best trial (std {spread})."
@@ -173,11 +204,16 @@ def comparison_warnings(
     cmp: Mapping[str, Any] | None, arms: Sequence[Mapping[str, Any]], study_id: int
 ) -> list[dict[str, Any]]:
     """`within_noise` when replicas show the two best arms are not clearly different, and
-    `replicas_recommended` whenever they are not shown different (no replicas yet, or too few)."""
+    `replicas_recommended` whenever they are not shown different (no replicas yet, or too few);
+    `seed_ignored` for each arm whose runs returned identical values (instead of
+    `replicas_recommended`: more replicas cannot help until the seed reaches the script)."""
+    ignored = [seed_ignored_warning(a) for a in arms if a.get("seed_ignored")]
     if cmp is None or cmp["verdict"] == "different":
-        return []
+        return ignored
     if cmp["verdict"] == "unstable":
-        return [_unstable_warning(a) for a in arms[:2] if a.get("n_replicas_failed")]
+        return [_unstable_warning(a) for a in arms[:2] if a.get("n_replicas_failed")] + ignored
+    if ignored:
+        return ignored  # more replicas cannot help until the seed reaches the training code
     out = []
     best, runner = cmp["best_arm"], cmp["runner_up"]
     if cmp["verdict"] == "within_noise":
@@ -203,6 +239,14 @@ def comparison_warnings(
     )
     out.append(warning("replicas_recommended", text))
     return out
+
+
+def seed_ignored_warning(arm: Mapping[str, Any]) -> dict[str, Any]:
+    """`seed_ignored` for an arm whose best trial and replicas returned identical values."""
+    values = arm["replica_values"]
+    n = len(values) + (1 if arm.get("best_value") is not None and values else 0)
+    message = seed_ignored_message(f"Arm {arm['label']}", arm.get("best_trial_id"), n, values[0] if values else None)
+    return warning("seed_ignored", message, trial_id=arm.get("best_trial_id"))
 
 
 def _unstable_warning(arm: Mapping[str, Any]) -> dict[str, Any]:
