@@ -33,7 +33,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "optimizer-compa
 
 _TRIALS = """
 INSERT INTO trials (study_id, number, arm, params, point_index, seed, replica_index, status, attempt, failures,
-                    restart_after_attempt, fail_kind, error)
+                    restart_after_attempt, fail_kind, error, worker_id, started_at, finished_at)
 SELECT :study_id, g - 1,
        jsonb_build_object('optimizer', arm),
        jsonb_build_object('optimizer', arm, 'learning_rate', lr, 'weight_decay', wd, 'batch_size', 128,
@@ -41,7 +41,12 @@ SELECT :study_id, g - 1,
        (g - 1) / 2, g, 0,
        CASE WHEN u > 0.93 THEN 'infeasible' ELSE 'completed' END, 1, 0, 0,
        CASE WHEN u > 0.93 THEN 'infeasible' END,
-       CASE WHEN u > 0.93 THEN 'NaN loss at step ' || (100 + g % 500)::text END
+       CASE WHEN u > 0.93 THEN 'NaN loss at step ' || (100 + g % 500)::text END,
+       -- 16 workers, each running its trials back to back, about a minute each (1 in 200 four times that)
+       'worker-' || ((g - 1) % 16)::text,
+       now() - make_interval(secs => (CAST(:n AS integer) / 16 + 10) * 60 - ((g - 1) / 16) * 60),
+       now() - make_interval(secs => (CAST(:n AS integer) / 16 + 10) * 60 - ((g - 1) / 16) * 60
+                                     - CASE WHEN g % 200 = 0 THEN 200 ELSE 40 + 15 * v END)
 FROM (
     SELECT g, CASE WHEN g % 2 = 0 THEN 'adam' ELSE 'nesterov' END AS arm,
            ((g * 0.6180339887) - floor(g * 0.6180339887)) AS u,
@@ -78,15 +83,18 @@ WHERE b.trial_id = t.id AND t.status = 'completed'
 
 
 # Five finished replicas of each arm's best trial (their curves are not needed by the analysis).
+# Each arm's best in one sorted pass (DISTINCT ON), linear in the trials: the correlated subquery
+# it replaces took over 17 minutes at 50,000 trials.
 _REPLICAS = """
 INSERT INTO trials (study_id, number, arm, params, point_index, seed, replica_of, replica_index, status, attempt,
                     failures, restart_after_attempt, objective_value, best_step)
 SELECT b.study_id, 1000000 + 10 * b.rn + r, b.arm, b.params, b.point_index, 2000000000 + 10 * b.rn + r, b.id, r,
        'completed', 1, 0, 0, b.objective_value + 0.003 * (random() - 0.5), b.best_step
-FROM (SELECT t.*, row_number() OVER (ORDER BY t.id) AS rn
-      FROM trials t WHERE t.study_id = :study_id AND t.status = 'completed' AND t.objective_value = (
-          SELECT min(u.objective_value) FROM trials u
-          WHERE u.study_id = t.study_id AND u.status = 'completed' AND CAST(u.arm AS TEXT) = CAST(t.arm AS TEXT))) b
+FROM (SELECT best.*, row_number() OVER (ORDER BY best.id) AS rn
+      FROM (SELECT DISTINCT ON (CAST(t.arm AS TEXT)) t.*
+            FROM trials t
+            WHERE t.study_id = :study_id AND t.status = 'completed' AND t.objective_value IS NOT NULL
+            ORDER BY CAST(t.arm AS TEXT), t.objective_value, t.id) best) b
 CROSS JOIN generate_series(1, 5) AS r
 """
 

@@ -430,9 +430,9 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
     gaps in a row are an idle worker, `attempts` > 1 a trial claimed again after a preemption,
     an expired lease or an error (the server keeps each trial's first start and last worker, not
     every attempt's), `stragglers` the finished trials that ran over STRAGGLER_FACTOR times the
-    median. Columnar and bare (no hover text: the page builds it), so 50,000 trials stay small.
-    Times are milliseconds since the epoch; `workers` lists each row's trials and busy share of
-    the study's span."""
+    median. Columnar and bare (no hover text: the page builds it), so 50,000 trials stay small:
+    `start` and `end` are seconds (0.1 s) after `t0`, the first start in milliseconds since the
+    epoch; `workers` lists each row's trials and busy share of the study's span."""
     rows = session.execute(
         select(
             Trial.id,
@@ -452,6 +452,7 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
     bars: dict[str, list[Any]] = {k: [] for k in ("ids", "worker", "start", "end", "status", "attempts", "replica")}
     spans: dict[int, list[tuple[float, float]]] = {}
     finished_durations: list[float] = []
+    t0 = _ts(rows[0].started_at) if rows else None
     for r in rows:
         start = _ts(r.started_at)
         running = r.finished_at is None
@@ -459,8 +460,8 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
         w = names.setdefault(r.worker_id or "(unknown)", len(names))
         bars["ids"].append(r.id)
         bars["worker"].append(w)
-        bars["start"].append(round(start * 1000))
-        bars["end"].append(round(end * 1000))
+        bars["start"].append(round(start - (t0 or 0.0), 1))
+        bars["end"].append(round(end - (t0 or 0.0), 1))
         bars["status"].append(r.status.value)
         bars["attempts"].append(r.attempt)
         bars["replica"].append(r.replica_of is not None)
@@ -471,11 +472,9 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
     stragglers = []
     if median and len(finished_durations) >= 5:
         for tid, a, b, st in zip(bars["ids"], bars["start"], bars["end"], bars["status"], strict=True):
-            if st in _FINISHED and (b - a) / 1000 > STRAGGLER_FACTOR * median:
+            if st in _FINISHED and b - a > STRAGGLER_FACTOR * median:
                 stragglers.append(tid)
-    lo = min((a for a in bars["start"]), default=None)
-    hi = max((b for b in bars["end"]), default=None)
-    span = (hi - lo) / 1000 if lo is not None and hi is not None else 0.0
+    span = max(bars["end"], default=0.0)
     workers = []
     for name, w in names.items():
         busy = _union_seconds(spans[w])
@@ -485,9 +484,9 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
         "bars": bars,
         "stragglers": stragglers,
         "median_seconds": median,
-        "start": lo,
-        "end": hi,
-        "now": round(now * 1000),
+        "t0": None if t0 is None else round(t0 * 1000),
+        "span_seconds": span,
+        "now": None if t0 is None else round(now - t0, 1),
         "n": len(bars["ids"]),
     }
 

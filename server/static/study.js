@@ -226,14 +226,15 @@
       var st = b.status[i];
       var t = traces[st] || (traces[st] = { x: [], y: [], customdata: [], text: [] });
       var worker = names[b.worker[i]];
-      var secs = (b.end[i] - b.start[i]) / 1000;
+      var secs = b.end[i] - b.start[i];
+      var x0 = d.t0 + 1000 * b.start[i], x1 = d.t0 + 1000 * b.end[i];
       var label = "trial " + b.ids[i] + (b.replica[i] ? " (replica)" : "") + "<br>" + worker + " · " + st + " · " + hpo.duration(secs) +
         (b.attempts[i] > 1 ? "<br>" + b.attempts[i] + " attempts (claimed again after a preemption, expiry or error)" : "") +
         (straggler[b.ids[i]] ? "<br>straggler: over " + hpo.fmt(secs / d.median_seconds) + "× the median" : "");
-      t.x.push(b.start[i], b.end[i], null); t.y.push(worker, worker, null);
+      t.x.push(x0, x1, null); t.y.push(worker, worker, null);
       t.customdata.push(b.ids[i], b.ids[i], null); t.text.push(label, label, "");
       if (b.attempts[i] > 1 || straggler[b.ids[i]]) {
-        marks.x.push(b.end[i]); marks.y.push(worker); marks.ids.push(b.ids[i]); marks.text.push(label);
+        marks.x.push(x1); marks.y.push(worker); marks.ids.push(b.ids[i]); marks.text.push(label);
       }
     }
     var big = b.ids.length > 2000;
