@@ -143,32 +143,30 @@ DEFAULT_ALLOWED_ENV: frozenset[str] = frozenset(
         "WANDB_SILENT",
     }
 )
+# What `torchrun` (and hpo's launcher for a multi-process trial) sets for each process.
+LAUNCHER_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+# The accelerators Ray gives a task.
+DEVICE_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "NEURON_RT_VISIBLE_CORES",
+    "TPU_VISIBLE_CHIPS",
+)
 # What the worker, Ray and the launcher set for every trial (devices, threads, ranks, rendezvous,
 # hpo's own files, the search path hpo gives a workload): never a study's to change, whatever the
 # operator's globs allow, or `CUDA_VISIBLE_DEVICES` would take other trials' GPUs.
-PROTECTED_ENV: frozenset[str] = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "NODE_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "CUDA_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "NEURON_RT_VISIBLE_CORES",
-        "TPU_VISIBLE_CHIPS",
-        "PATH",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "PYTHONPATH",
-    }
-)
+PROTECTED_ENV: frozenset[str] = frozenset({*LAUNCHER_ENV, *DEVICE_ENV, "PATH", "HOME", "USER", "LOGNAME", "PYTHONPATH"})
 _PROTECTED_PREFIXES = ("HPO_", "RAY_")
 _PROTECTED_SUFFIXES = ("_NUM_THREADS",)
 ENV_ENV = "HPO_ALLOWED_ENV"

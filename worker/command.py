@@ -59,17 +59,6 @@ STDOUT_FILE, STDERR_FILE = "stdout.log", "stderr.log"
 # folder (`.step-100.pt.tmp`, `step-100.pt.tmp123`, `tmp-...`) is a write in progress.
 CHECKPOINT_NAME = re.compile(r"^step-(\d+)((?:\.[A-Za-z0-9_-]+){0,3})$")
 _TEMPORARY = {"tmp", "temp", "part", "partial", "incomplete"}
-# What the launcher sets for each process of a multi-process trial.
-TORCHRUN_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 
 DEFAULT_STOP_GRACE_SECONDS = 30.0
 DEFAULT_SILENCE_TIMEOUT_SECONDS = 1800.0

@@ -35,6 +35,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpo.policy import DEVICE_ENV
+
 # Names a trial process inherits from the worker's environment when set there: the locale, the
 # search path for programs, and what Ray sets for this task's devices and thread counts. Anything
 # else only when the operator passes it with `--pass-env` (e.g. `NCCL_SOCKET_IFNAME`, `HF_HOME`).
@@ -49,12 +51,7 @@ INHERITED_ENV = (
     "LD_LIBRARY_PATH",
     "CUDA_HOME",
     "CUDA_PATH",
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "NEURON_RT_VISIBLE_CORES",
-    "TPU_VISIBLE_CHIPS",
+    *DEVICE_ENV,
     "*_NUM_THREADS",
 )
 # Never inherited, whatever `--pass-env` says: hpo's and Ray's own settings and credentials.
