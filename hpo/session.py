@@ -135,6 +135,14 @@ class Session:
         if handle_signals:
             self._install_sigterm()
 
+    def set_rank(self, rank: int, world_size: int | None = None) -> None:
+        """The process's rank as a framework that starts its own processes assigns it (Lightning's
+        DDP launcher sets no `RANK`): only rank 0 writes. `hpo.integrations` calls it."""
+        self.rank = int(rank)
+        if world_size is not None:
+            self.world_size = int(world_size)
+        self.is_main = self.rank == 0
+
     @property
     def max_train_steps(self) -> int:
         return int(self.trainer.get("max_train_steps", 1000))

@@ -110,3 +110,15 @@ def test_by_hand_without_hpo_config(tmp_path: Path) -> None:
     assert (s.params, s.seed, s.resume_from, s.is_main) == ({}, 0, None, True)
     s.report(1, {"train/loss": 1.0})
     assert (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_framework_sets_the_rank_it_assigned(tmp_path: Path) -> None:
+    """Lightning's own DDP launcher sets no `RANK`: the integrations tell the session the rank."""
+    s = Session(environ=write_config(tmp_path), handle_signals=False)
+    assert s.is_main
+    s.set_rank(1, 2)
+    assert (s.rank, s.world_size, s.is_main) == (1, 2, False)
+    s.report(1, {"train/loss": 1.0})
+    assert not (tmp_path / "out").exists()
+    s.set_rank(0)
+    assert s.is_main and s.world_size == 2
