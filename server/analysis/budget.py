@@ -86,13 +86,18 @@ def _expected_best(oriented: np.ndarray, ks: Sequence[int]) -> list[float | None
     return out
 
 
+# The bootstrap's verdict needs this many finished trials in an arm (below it the rule abstains and
+# the analysis lists it under `skipped`).
+MIN_TRIALS = 4
+
+
 def flattened(curve: BudgetCurve, sign: float, noise: float | None = None) -> tuple[bool, dict[str, Any]]:
     """Whether the expected best of k trials has stopped improving between k = N/2 and k = N:
     that gain is below `FLAT_SHARE` of the gain from 1 trial to N, or below `noise` (the retrain
     spread, where replicas measured it). The expectation, unlike the median, moves smoothly with
     N. Fewer than 4 trials never count as flat. Answers the verdict and the numbers behind it."""
     n = curve.n
-    if n < 4 or 1 not in curve.ks or (n // 2) not in curve.ks:
+    if n < MIN_TRIALS or 1 not in curve.ks or (n // 2) not in curve.ks:
         return False, {"n": n}
     first, half, last = (curve.mean[curve.ks.index(k)] for k in (1, n // 2, n))
     if first is None or half is None or last is None:

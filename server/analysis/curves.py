@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .diagnostics import NOISE_CLEARANCE, Finding, check_curves, overfit_threshold
+from .diagnostics import NEEDS, NOISE_CLEARANCE, Finding, check_curves, overfit_threshold
 from .model import Curve, TrialSummary, fmt, warning
 from .queries import CurveStats
 from .space import Dimension, unit
@@ -176,7 +176,7 @@ def overfitting_screen(
     sigma = np.maximum(own, float(np.nanmedian(own))) if np.isfinite(own).any() else own
     threshold = overfit_threshold(best, sigma, n)
     with np.errstate(invalid="ignore"):
-        flagged = (n >= 5) & (objective.late_n[keep] >= 3) & (end - best > threshold)
+        flagged = (n >= NEEDS["overfitting"][1]) & (objective.late_n[keep] >= 3) & (end - best > threshold)
     # Only while the training loss keeps falling (playbook: validation worse while training improves):
     # it ended below where it started and its late line does not rise beyond its noise. A trial that
     # logged no training loss is not called overfitting (a rising validation curve may be divergence).

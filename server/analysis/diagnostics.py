@@ -38,6 +38,18 @@ TRAIN_RISE = 0.10
 NOISE_CLEARANCE = 3.0
 LATE_SHARE, LATE_POINTS = 0.25, 8
 MIN_POINTS = 5
+# The evidence each curve rule needs (issue 24, item 2); below it the rule abstains and the
+# analysis lists it under `skipped` (`curve_needs`). high_variance and still_improving judge the
+# late window (the last quarter, at least the last LATE_POINTS evaluations): with fewer than twice
+# LATE_POINTS evaluations that window reaches into the first half of training and swallows the
+# first drop from chance. Overfitting needs a best and a sustained rise after it, and a training
+# loss to tell it from divergence.
+NEEDS = {
+    "high_variance": ("evaluations", 2 * LATE_POINTS),
+    "still_improving": ("evaluations", 2 * LATE_POINTS),
+    "overfitting": ("evaluations", LATE_POINTS),
+}
+TRAIN_LOGS_NEEDED = MIN_POINTS
 
 
 @dataclass(frozen=True)
@@ -61,14 +73,33 @@ def check_curves(
         return []
     end = float(horizon or valid.steps[-1])
     findings = [
-        overfitting(valid, train),
-        high_variance(valid),
-        still_improving(valid),
+        overfitting(valid, train) if _enough("overfitting", valid) else None,
+        high_variance(valid) if _enough("high_variance", valid) else None,
+        still_improving(valid) if _enough("still_improving", valid) else None,
         training_loss_rising(train) if train is not None else None,
     ]
     if findings[0] is None:  # a curve that overfits is not "saturated"
         findings.append(saturated_early(valid, train, end))
     return [_in_units(f, sign) for f in findings if f is not None]
+
+
+def _enough(check: str, valid: Curve) -> bool:
+    return len(valid) >= NEEDS[check][1]
+
+
+def curve_needs(objective: Curve | None, train_loss: Curve | None, train_name: str) -> list[tuple[str, str]]:
+    """The curve rules that abstain on one trial for want of evidence, as `(check, reason)`:
+    `("high_variance", "5 evaluations, needs 16")`, or overfitting without `train_name` logged
+    (`"needs train/loss"`) or with too few logs of it."""
+    n = len(objective.finite()) if objective is not None else 0
+    out = [(check, f"{n} {unit}, needs {need}") for check, (unit, need) in NEEDS.items() if n < need]
+    if not any(check == "overfitting" for check, _ in out):
+        logs = len(train_loss.finite()) if train_loss is not None else 0
+        if logs == 0:
+            out.append(("overfitting", f"needs {train_name}"))
+        elif logs < TRAIN_LOGS_NEEDED:
+            out.append(("overfitting", f"{logs} logs of {train_name}, needs {TRAIN_LOGS_NEEDED}"))
+    return out
 
 
 def overfit_threshold(best: np.ndarray | float, sigma: np.ndarray | float, n: np.ndarray | float) -> Any:

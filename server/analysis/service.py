@@ -32,6 +32,7 @@ from .feasibility import (
 )
 from .isolation import isolation_series
 from .model import Curve, TrialSummary, arm_key, fmt, warning
+from .skipped import best_step_skips, budget_skips, curve_skips, instability_skips, merged
 from .space import Dimension, dimensions
 from .stopped import concluding, stopped_short, stopped_short_caveat, stopped_short_warnings
 from .training import (
@@ -152,6 +153,14 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
     if any(c.side for c in boundary):
         budget_warns = []  # more trials in a space that is too narrow help little: widen it first
     cmp = comparison(arms, sign)
+    skipped = merged(
+        [
+            *curve_skips(_ranked(data, arms), data.curves, study.metric),
+            *instability_skips(dims, trials, sign, data.above_best),
+            *best_step_skips(steps),
+            *budget_skips(arms, budget),
+        ]
+    )
     edge = instability_warnings(dims, trials, sign)
     warnings = [
         *infeasible_warnings(infeasible),
@@ -179,6 +188,7 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
         "comparison": cmp,
         "trial_variance": trial_variance(arms, float(np.median(list(noise.values()))) if noise else None),
         "warnings": warnings,
+        "skipped": skipped,
         "caveats": caveats(dims, data.trainer)
         + _regularizer_caveat(regs[0].name if regs else None)
         + stopped_short_caveat(short),
@@ -219,7 +229,7 @@ def budgets(
         floor = arm["replica_std"] if arm["replica_std"] is not None else (noise or {}).get(arm_key(arm["arm"]))
         flat, facts = flattened(curve, sign, noise=floor)
         out.append({"arm": arm["arm"], "label": arm["label"], **curve.as_dict(), "flattened": flat, **facts})
-        if not flat:
+        if not flat and "gain_last_half" in facts:  # fewer trials abstain (`skipped`)
             unflat.append((arm, facts))
     return out, _too_few(unflat, len(arms), metric)
 
