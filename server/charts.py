@@ -52,6 +52,11 @@ MAX_CURVES = 5000
 # overlapping curves is a texture, not a plot; the person can ask for up to MAX_CURVES).
 CURVES_SHOWN = 300
 PARALLEL_LINES = 1000
+# Points per history chart or axis panel past which the dense middle is thinned: the best
+# THIN_BEST always, the rest an even sample in trial order, so 50,000 trials send what a few
+# thousand draw the same (the best so far is still computed over every trial).
+THIN_POINTS = 4000
+THIN_BEST = 1000
 STALL_SECONDS = 300.0  # nothing started or finished for this long while trials wait: say so
 _FINISHED = ("completed", "infeasible", "failed", "cancelled")
 
@@ -243,6 +248,20 @@ def eta_seconds(finished_at: Sequence[float], remaining: int, now: float, window
     return remaining / rate * 3600.0
 
 
+def thin(trials: Sequence[TrialSummary], sign: float, budget: int = THIN_POINTS) -> list[TrialSummary]:
+    """At most about `budget` of `trials`: all of them when fewer, else the THIN_BEST best (in the
+    study's mode; infeasible ones have no rank) and an even sample of the rest, in trial order."""
+    if len(trials) <= budget:
+        return list(trials)
+    ranked = sorted(trials, key=lambda t: (t.objective is None, sign * float(t.objective or 0.0), t.id))
+    best = ranked[: min(THIN_BEST, budget)]
+    kept = {t.id for t in best}
+    rest = [t for t in trials if t.id not in kept]
+    step = len(rest) / max(1, budget - len(best))
+    sample = [rest[int(i * step)] for i in range(min(len(rest), budget - len(best)))]
+    return sorted([*best, *sample], key=lambda t: t.number)
+
+
 # --- history ----------------------------------------------------------------------------------
 
 
@@ -256,12 +275,14 @@ def _history(session: Session, study: queries.StudyInfo, _options: dict[str, Any
     feasible = [t for t in trials if t.feasible]
     worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
     series: dict[str, dict[str, Any]] = {}
-    for t in feasible:
+    shown = thin(feasible, sign)
+    for t in shown:
         s = series.setdefault(t.arm_key, {"name": arm_label(t.arm), "x": [], "y": [], "ids": []})
         s["x"].append(t.number)
         s["y"].append(t.objective)
         s["ids"].append(t.id)
-    bad = [t for t in trials if t.infeasible]
+    bad_all = [t for t in trials if t.infeasible]
+    bad = thin(bad_all, sign, THIN_POINTS // 4)
     copies = [t for t in trial_summaries(session, study.id) if t.replica_of is not None and t.feasible]
     best_x, best_y, best = [], [], None
     for t in sorted(feasible, key=lambda t: t.number):  # only where the best changes (drawn as steps)
@@ -286,9 +307,12 @@ def _history(session: Session, study: queries.StudyInfo, _options: dict[str, Any
             "y": [t.objective for t in copies],
             "ids": [t.id for t in copies],
         },
-        "text": {**hovers(trials, study.metric), **hovers(copies, study.metric)},
+        "text": {**hovers([*shown, *bad], study.metric), **hovers(copies, study.metric)},
         "n_feasible": len(feasible),
         "n_trials": len(trials),
+        # how many points are drawn of how many (thinned past THIN_POINTS)
+        "shown": len(shown) + len(bad),
+        "n_points": len(feasible) + len(bad_all),
     }
 
 
@@ -302,6 +326,8 @@ def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) 
     searched bounds, log axes for log scales."""
     trials = _originals(session, study.id)
     copies = [t for t in trial_summaries(session, study.id) if t.replica_of is not None and t.feasible]
+    sign = _sign(study)
+    drawn: set[int] = set()
     panels = []
     for dim in dimensions(study.spec):
         if not dim.varied:
@@ -311,12 +337,16 @@ def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) 
         feasible = [t for t in mine if t.feasible]
         worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
         series: dict[str, dict[str, Any]] = {}
-        for t in feasible:
+        shown = thin(feasible, sign)
+        drawn.update(t.id for t in shown)
+        for t in shown:
             s = series.setdefault(t.arm_key, {"name": arm_label(t.arm), "x": [], "y": [], "ids": []})
             s["x"].append(t.params[dim.name])
             s["y"].append(t.objective)
             s["ids"].append(t.id)
-        bad = [t for t in mine if t.infeasible]
+        bad_all = [t for t in mine if t.infeasible]
+        bad = thin(bad_all, sign, THIN_POINTS // 4)
+        drawn.update(t.id for t in bad)
         panels.append(
             {
                 "param": dim.label,
@@ -332,6 +362,8 @@ def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) 
                     "y": [worst] * len(bad),
                     "ids": [t.id for t in bad],
                 },
+                "shown": len(shown) + len(bad),
+                "n_points": len(feasible) + len(bad_all),
                 # completed replicas at their configuration's value, drawn hollow (as in history)
                 "replicas": {
                     "x": [t.params[dim.name] for t in twins],
@@ -340,7 +372,7 @@ def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) 
                 },
             }
         )
-    text = {**hovers(trials, study.metric), **hovers(copies, study.metric)}
+    text = {**hovers([t for t in trials if t.id in drawn], study.metric), **hovers(copies, study.metric)}
     return {"panels": panels, "n_trials": len(trials), "n_replicas": len(copies), "text": text}
 
 

@@ -37,8 +37,17 @@
 
   var draw = {};
 
+  // A chart thinned on the server (past a few thousand points) says so in its caption.
+  function noteThinned(box, shown, total) {
+    var caption = box.parentElement.querySelector("figcaption");
+    if (!caption || caption.dataset.thinned || shown >= total) return;
+    caption.dataset.thinned = "1";
+    caption.appendChild(document.createTextNode(" — " + shown + " of " + total + " points drawn: the best 1,000 and an even sample"));
+  }
+
   draw.history = function (d, box) {
     if (!d.n_trials) return hpo.empty(box, "No trials have run yet.");
+    if (d.shown !== undefined) noteThinned(box, d.shown, d.n_points);
     if (!d.n_feasible && !d.infeasible.x.length) return hpo.empty(box, "No completed trials yet.");
     var traces = d.series.map(function (s, i) { return markers(withText(s, d.text), hpo.COLORS[i % hpo.COLORS.length]); });
     if (d.infeasible.x.length) traces.push(infeasibleTrace(withText(d.infeasible, d.text)));
@@ -80,6 +89,8 @@
     if (!d.panels.length) return hpo.empty(box, "No varied hyperparameters: nothing to plot against.");
     var any = d.panels.some(function (p) { return p.series.length || p.infeasible.x.length; });
     if (!any) return hpo.empty(box, "No completed trials yet.");
+    var thinned = d.panels.filter(function (p) { return p.shown < p.n_points; })[0];
+    if (thinned) noteThinned(box, thinned.shown, thinned.n_points);
     return panels(box, d.panels, function (p) {
       var n = p.series.reduce(function (k, s) { return k + s.x.length; }, 0);
       var traces = p.series.map(function (s, i) { return markers(withText(s, d.text), hpo.COLORS[i % hpo.COLORS.length], null, n > 10000 ? 0 : null); });
@@ -214,7 +225,7 @@
   };
 
   // Timeline: one row per worker, a bar per trial from its first start to its finish (one trace
-  // per status, bars as thick line segments separated by gaps: one path each, fast at 50,000).
+  // per status, bars as thick line segments separated by gaps: one SVG path each).
   var TIMELINE_COLORS = { completed: hpo.COLORS[0], running: "#2ca02c", infeasible: hpo.INFEASIBLE, failed: "#8c564b", cancelled: "#999" };
   draw.timeline = function (d, box) {
     if (!d.n) return hpo.empty(box, "No trial has started yet.");
@@ -237,11 +248,11 @@
         marks.x.push(x1); marks.y.push(worker); marks.ids.push(b.ids[i]); marks.text.push(label);
       }
     }
-    var big = b.ids.length > 2000;
     var width = Math.max(3, Math.min(14, 240 / Math.max(1, names.length)));
     var out = Object.keys(traces).map(function (st) {
       var t = traces[st];
-      return { type: big ? "scattergl" : "scatter", mode: "lines", name: st, x: t.x, y: t.y, customdata: t.customdata, text: t.text,
+      // SVG even at 50,000 trials: one path per status draws fast, where WebGL without a GPU does not
+      return { type: "scatter", mode: "lines", name: st, x: t.x, y: t.y, customdata: t.customdata, text: t.text,
         hovertemplate: "%{text}<extra></extra>", connectgaps: false, line: { color: TIMELINE_COLORS[st] || "#666", width: width } };
     });
     if (marks.x.length) out.push({ type: "scatter", mode: "markers", name: "retried or straggler", x: marks.x, y: marks.y, customdata: marks.ids,
