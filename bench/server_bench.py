@@ -8,6 +8,11 @@ Measures, in one run on this machine:
   - Optuna 5 (RDBStorage on the same Postgres, QMCSampler halton+scramble, same 4-parameter space):
     ask+tell cycles/s with 16 processes, p99 ask, duplicated points; trial.report points/s with 4.
 
+It also prints the CPU time the server processes and the database's backends spent per claim and
+per point (from /proc, Postgres on this machine): on a shared machine those vary far less than the
+rates, and `*_capacity_per_core` (1 / (server + database CPU per operation)) is what one core would
+serve with the load generators elsewhere.
+
 Usage: python bench/server_bench.py [--postgres postgresql+psycopg://postgres@127.0.0.1:5432]
        [--server-workers 2] [--no-optuna]
 Needs the `bench` extra (optuna) for the reference half.
@@ -31,6 +36,7 @@ from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 
 SPACE = [
     {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 1e-4, "max": 1.0, "scale": "log"},
@@ -84,6 +90,78 @@ def start_server(database_url: str, port: int, workers: int) -> subprocess.Popen
             time.sleep(0.2)
     process.kill()
     raise SystemExit("server did not start")
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes (those that exited count nothing)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and its descendants (the server's worker and model-fitting processes)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(parents.get(pid, []))
+    return tree
+
+
+class CpuMeter:
+    """CPU seconds spent by the server's processes and by the Postgres backends serving its
+    database, between `start()` and `stop()` (pool connections stay open across a phase)."""
+
+    def __init__(self, server_pid: int, database_url: str) -> None:
+        self.server_pid, self.database_url = server_pid, database_url
+        self.engine = create_engine(database_url, poolclass=NullPool)
+
+    def _backends(self) -> list[int]:
+        with self.engine.connect() as conn:
+            query = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            return [int(row[0]) for row in conn.execute(text(query))]
+
+    def sample(self) -> tuple[float, float, list[int]]:
+        backends = self._backends()
+        return cpu_seconds(process_tree(self.server_pid)), cpu_seconds(backends), backends
+
+    def start(self) -> None:
+        self.server0, self.db0, self.backends0 = self.sample()
+
+    def stop(self) -> tuple[float, float]:
+        """(server CPU s, database CPU s) since start(); backends that came later start at 0."""
+        server, _, backends = self.sample()
+        return server - self.server0, cpu_seconds(sorted(set(backends) | set(self.backends0))) - self.db0
+
+    def settle(self, limit: float = 30.0) -> None:
+        """Waits until the server's start-up work (its warm-up imports) is done, so it does not
+        count against the first phase."""
+        deadline, last = time.monotonic() + limit, cpu_seconds(process_tree(self.server_pid))
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = cpu_seconds(process_tree(self.server_pid))
+            if now - last < 0.05:
+                return
+            last = now
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -163,13 +241,18 @@ def reporter(
     queue.put(sent)
 
 
-def bench_hpo(url: str, claimers: int, reporters: int, use_httpx: bool) -> dict[str, float]:
+def bench_hpo(
+    url: str, claimers: int, reporters: int, batches: int, use_httpx: bool, meter: CpuMeter
+) -> dict[str, float]:
     http = httpx.Client(base_url=url, timeout=120)
     started = time.perf_counter()
     created = http.post("/api/v1/studies", json={"name": "dispatch", "num_trials": 10_000, "hyperparameters": SPACE})
     creation_s = time.perf_counter() - started
     created.raise_for_status()
+    meter.settle()
+    meter.start()
     results, wall = run_parallel(claimer, [(url, i, use_httpx) for i in range(claimers)])
+    claim_server_cpu, claim_db_cpu = meter.stop()
     latencies = [lat for lats, _ in results for lat in lats]
     claimed = [c for _, cs in results for c in cs]
     ids = Counter(trial_id for trial_id, _ in claimed)
@@ -179,18 +262,38 @@ def bench_hpo(url: str, claimers: int, reporters: int, use_httpx: bool) -> dict[
         http.post("/api/v1/workers/claim", json={"worker_id": "r", "resources": {"cpus": 8}}).json()
         for _ in range(reporters)
     ]
-    jobs = [(url, c["trial_id"], c["lease_id"], 25, 2000, use_httpx) for c in leases]
+    jobs = [(url, c["trial_id"], c["lease_id"], batches, 2000, use_httpx) for c in leases]
+    meter.start()
     sent, ingest_wall = run_parallel(reporter, jobs)
+    ingest_server_cpu, ingest_db_cpu = meter.stop()
+    stored = _stored_points(meter.database_url, [c["trial_id"] for c in leases])
+    n_claims, n_points = len(claimed), sum(sent)
     return {
         "create_10000_trials_s": creation_s,
-        "claims": len(claimed),
-        "claims_per_s": len(claimed) / wall,
+        "claims": n_claims,
+        "claims_per_s": n_claims / wall,
         "claim_p50_ms": 1000 * percentile(latencies, 0.50),
         "claim_p99_ms": 1000 * percentile(latencies, 0.99),
         "trials_claimed_twice": sum(1 for n in ids.values() if n > 1),
         "duplicated_points": sum(n - 1 for n in points.values() if n > 1),
-        "ingest_points_per_s": sum(sent) / ingest_wall,
+        "claim_server_cpu_ms": 1000 * claim_server_cpu / n_claims,
+        "claim_db_cpu_ms": 1000 * claim_db_cpu / n_claims,
+        "claim_capacity_per_core": n_claims / (claim_server_cpu + claim_db_cpu),
+        "ingest_points_per_s": n_points / ingest_wall,
+        "points_acknowledged": n_points,
+        "points_stored": stored,
+        "point_server_cpu_us": 1e6 * ingest_server_cpu / n_points,
+        "point_db_cpu_us": 1e6 * ingest_db_cpu / n_points,
+        "ingest_capacity_per_core": n_points / (ingest_server_cpu + ingest_db_cpu),
     }
+
+
+def _stored_points(database_url: str, trial_ids: list[int]) -> int:
+    """Points the database holds for these trials: every acknowledged point, once."""
+    engine = create_engine(database_url, poolclass=NullPool)
+    with engine.connect() as conn:
+        query = text("SELECT count(*) FROM metric_points WHERE trial_id = ANY(:ids)")
+        return int(conn.execute(query, {"ids": trial_ids}).scalar_one())
 
 
 def optuna_asker(storage_url: str, cycles: int, barrier: Any, queue: Any) -> None:
@@ -253,13 +356,16 @@ def main() -> None:
     parser.add_argument("--claimers", type=int, default=16)
     parser.add_argument("--reporters", type=int, default=4)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--batches", type=int, default=25, help="2,000-point batches per reporter (default 25)")
     parser.add_argument("--no-optuna", action="store_true")
     parser.add_argument("--httpx", action="store_true", help="load generators use httpx instead of http.client")
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}"
-    server = start_server(fresh_database(args.postgres, "hpo_bench"), args.port, args.server_workers)
+    database = fresh_database(args.postgres, "hpo_bench")
+    server = start_server(database, args.port, args.server_workers)
     try:
-        figures = bench_hpo(url, args.claimers, args.reporters, args.httpx)
+        meter = CpuMeter(server.pid, database)
+        figures = bench_hpo(url, args.claimers, args.reporters, args.batches, args.httpx, meter)
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -12,7 +12,7 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Double, and_, bindparam, case, delete, func, select, update
+from sqlalchemy import Connection, Double, and_, bindparam, case, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from . import objective
@@ -38,7 +38,9 @@ def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds:
         "gpus": gpus,
         "lease_seconds": lease_seconds,
     }
-    statement = _claim_statement(db.is_sqlite)
+    if not db.is_sqlite:
+        return _claim_postgres(db, params, lease_seconds)
+    statement = _claim_statement(True)
     with db.transaction() as session:
         reaped_first = db.reap_due()
         if reaped_first:
@@ -49,16 +51,43 @@ def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds:
             row = session.connection().execute(statement, params).first()
         if row is None:
             return None
-        if db.is_sqlite:
-            study = session.execute(
-                select(Study.spec, Study.objective_metric, Study.objective_mode).where(Study.id == row.study_id)
-            ).one()
-            row = SimpleNamespace(**row._mapping, **study._mapping)
+        # SQLite's RETURNING sees only the updated table: the study is read separately.
+        study = session.execute(
+            select(Study.spec, Study.objective_metric, Study.objective_mode).where(Study.id == row.study_id)
+        ).one()
+        row = SimpleNamespace(**row._mapping, **study._mapping)
         resume = None
         if row.attempt > 1:  # a first attempt has no checkpoint to resume and no history to cut
             resume = _resume_point(session, row.id, row.restart_after_attempt, row.attempt)
             _truncate_history(session, row.id, row.objective_metric, row.objective_mode, resume)
         return _claim_answer(row, lease_seconds, resume)
+
+
+def _claim_postgres(db: Database, params: dict[str, Any], lease_seconds: float) -> Claim | None:
+    """The claim in autocommit: the statement is its own transaction (one round trip where a
+    transaction took four). A later attempt then cuts the trial's history in a transaction of its
+    own, under the new lease: no one else writes to the trial meanwhile (its old lease is gone, the
+    new worker has no answer yet), and a server that dies between the two leaves a leased trial
+    whose lease expires, as one that dies before sending the answer always did."""
+    statement = _claim_statement(False)
+    with db.statement() as connection:
+        reaped_first = db.reap_due()
+        if reaped_first:
+            _reap(connection, db)
+        row: Any = connection.execute(statement, params).first()
+        if row is None and not reaped_first and _reap(connection, db):
+            row = connection.execute(statement, params).first()
+    if row is None:
+        return None
+    resume = None
+    if row.attempt > 1:
+        with db.transaction() as session:
+            current = session.scalar(select(Trial.lease_id).where(Trial.id == row.id).with_for_update())
+            if current != params["lease_id"]:  # expired already (a lease of a second or so)
+                return None
+            resume = _resume_point(session, row.id, row.restart_after_attempt, row.attempt)
+            _truncate_history(session, row.id, row.objective_metric, row.objective_mode, resume)
+    return _claim_answer(row, lease_seconds, resume)
 
 
 @functools.cache
@@ -107,7 +136,17 @@ def _claim_statement(sqlite: bool) -> Any:
 
 def heartbeat(db: Database, trial_id: int, lease_id: str, lease_seconds: float) -> HeartbeatAnswer:
     """Extends the lease; `should_stop` when the study is no longer active or the trial was
-    cancelled. `LeaseLost` when the lease is not this worker's any more."""
+    cancelled. `LeaseLost` when the lease is not this worker's any more.
+
+    On Postgres the renewal is one statement in autocommit; when it finds no row, the
+    transaction below says why (404 or 409)."""
+    if not db.is_sqlite:
+        with db.statement() as connection:
+            row = connection.execute(_heartbeat_statement(), {"id": trial_id, "lease_id": lease_id, "s": lease_seconds})
+            renewed = row.first()
+        if renewed is not None:
+            stop = renewed.status != TrialStatus.running.value or renewed.study_status != StudyStatus.active.value
+            return HeartbeatAnswer(lease_expires_at=float(renewed.lease_expires_at), should_stop=stop)
     with db.transaction() as session:
         trial = _leased(session, trial_id, lease_id, allow=(TrialStatus.running, TrialStatus.cancelled))
         study = session.get_one(Study, trial.study_id)
@@ -120,6 +159,18 @@ def heartbeat(db: Database, trial_id: int, lease_id: str, lease_seconds: float) 
         )
         stop = trial.status is TrialStatus.cancelled or study.status is not StudyStatus.active
         return HeartbeatAnswer(lease_expires_at=float(expires or 0.0), should_stop=stop)
+
+
+@functools.cache
+def _heartbeat_statement() -> Any:
+    statuses = (TrialStatus.running.value, TrialStatus.cancelled.value)
+    return text(
+        f"""UPDATE trials SET lease_expires_at = {Database.clock(False)} + CAST(:s AS double precision)
+        FROM studies
+        WHERE trials.id = :id AND trials.lease_id = :lease_id AND trials.status IN {statuses!r}
+          AND studies.id = trials.study_id
+        RETURNING trials.lease_expires_at, trials.status, studies.status AS study_status"""
+    )
 
 
 def complete(db: Database, trial_id: int, lease_id: str) -> None:
@@ -174,7 +225,7 @@ def reap_expired(db: Database) -> int:
         return _reap(session, db)
 
 
-def _reap(session: Session, db: Database) -> int:
+def _reap(session: Session | Connection, db: Database) -> int:
     max_attempts = select(Study.max_attempts).where(Study.id == Trial.study_id).scalar_subquery()
     exhausted = Trial.failures + 1 >= max_attempts
     expired = select(Trial.id).where(Trial.status == TrialStatus.running, Trial.lease_expires_at < db.now_seconds())
@@ -250,8 +301,21 @@ def _truncate_history(session: Session, trial_id: int, metric: str, mode: str, r
     deleted = int(session.execute(points).rowcount or 0)  # type: ignore[attr-defined]
     # The quota's count follows (a NULL count, of a trial from before counting, stays NULL).
     count = 0 if resume is None else Trial.point_count - deleted
+    # A resume keeps the earliest resume point of the history (points up to it are older attempts');
+    # a start from scratch has none (issue 24: a best value past it came from a resumed attempt).
+    resumed_from: Any = (
+        None
+        if resume is None
+        else case(
+            (Trial.resumed_from_step.is_not(None) & (Trial.resumed_from_step < resume.step), Trial.resumed_from_step),
+            else_=resume.step,
+        )
+    )
     session.execute(
-        update(Trial).where(Trial.id == trial_id).values(point_count=count).execution_options(synchronize_session=False)
+        update(Trial)
+        .where(Trial.id == trial_id)
+        .values(point_count=count, resumed_from_step=resumed_from)
+        .execution_options(synchronize_session=False)
     )
     objective.refresh(session, trial_id, metric, mode)
 

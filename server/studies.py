@@ -224,6 +224,7 @@ def _insert_trials(
             "attempt": 0,
             "failures": 0,
             "restart_after_attempt": 0,
+            "point_count": 0,  # COPY applies no column default: NULL would mean "from before counting"
         }
         for i, d in enumerate(drafts)
     ]
