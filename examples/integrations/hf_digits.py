@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel, Trainer, TrainingArguments
+from transformers import EvalPrediction, PretrainedConfig, PreTrainedModel, Trainer, TrainingArguments
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 import hpo
@@ -64,8 +64,8 @@ def datasets() -> tuple[Digits, Digits]:
     return Digits(images[train], labels[train]), Digits(images[valid], labels[valid])
 
 
-def error_rate(prediction: object) -> dict[str, float]:
-    logits, labels = prediction.predictions, prediction.label_ids  # type: ignore[attr-defined]
+def error_rate(prediction: EvalPrediction) -> dict[str, float]:
+    logits, labels = np.asarray(prediction.predictions), np.asarray(prediction.label_ids)
     return {"error_rate": float((logits.argmax(-1) != labels).mean())}  # eval_error_rate -> valid/error_rate
 
 

@@ -9,6 +9,7 @@ By hand: HPO_OUT_DIR=/tmp/run python lightning_digits.py --lr 0.1 --max-steps 12
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 
 import lightning.pytorch as pl
 import torch
@@ -30,7 +31,7 @@ class EpochShuffle(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[int]:
         order = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         return iter(torch.randperm(self.size, generator=order).tolist())
 

@@ -14,7 +14,8 @@ The callback
 - reports what the module logs (`self.log(...)`, the values behind `trainer.callback_metrics`)
   at `trainer.global_step`: per-step training values at each batch end (a value logged only every
   k steps repeats until it is logged again, within an epoch), per-epoch ones at the epoch's end,
-  validation values at the validation's end (never the sanity check's). Names go through the
+  validation values at the validation's end (never the sanity check's), `trainer.test`'s at its
+  end. Names go through the
   user's map first (`{"val_err": "valid/error_rate"}`; None leaves one out), then the default rule
   `val_x` -> `valid/x`, `train_x` -> `train/x`; the loss `training_step` returns is `train/loss`
   unless a logged name maps there;
@@ -144,6 +145,9 @@ class HpoCallback(_Callback):
         self._report(trainer.global_step, self._values(trainer, on_step=False))
         if trainer.state.fn == "fit":
             self._save(trainer)
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._report(trainer.global_step, self._values(trainer, on_step=False))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # Lightning ends `fit` on SIGTERM with its own exception, on every rank at the same point

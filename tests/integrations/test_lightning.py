@@ -58,7 +58,8 @@ def test_sigterm_saves_a_checkpoint_and_stops_and_the_next_attempt_goes_on(tmp_p
 @pytest.mark.timeout(300)
 def test_names_stages_and_the_per_step_and_per_epoch_twins(tmp_path: Path) -> None:
     """In process: training values at their step, per-epoch ones at the epoch's last step under
-    `x_epoch`, validation values at the validation's step, never the sanity check's; the user's
+    `x_epoch`, validation values at the validation's step, never the sanity check's, and
+    `trainer.test`'s at the last step; the user's
     map first (None drops a name), then `val_` -> `valid/`, `train_` -> `train/`."""
     import lightning.pytorch as pl
     import torch
@@ -83,6 +84,9 @@ def test_names_stages_and_the_per_step_and_per_epoch_twins(tmp_path: Path) -> No
         def validation_step(self, batch: Any, index: int) -> None:
             self.log("val_mse", self.layer(batch[0]).pow(2).mean())
 
+        def test_step(self, batch: Any, index: int) -> None:
+            self.log("test_mse", self.layer(batch[0]).pow(2).mean())
+
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -91,7 +95,9 @@ def test_names_stages_and_the_per_step_and_per_epoch_twins(tmp_path: Path) -> No
     callback = HpoCallback({"val_mse": "valid/error_rate", "noise": None}, session=s)
     trainer = pl.Trainer(max_steps=8, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=1, callbacks=[callback])  # fmt: skip
-    trainer.fit(Module(), data, data)
+    module = Module()
+    trainer.fit(module, data, data)
+    trainer.test(module, data, verbose=False)
     s.close()
     out = tmp_path / "out"
     assert steps(out, "train/mse") == list(range(1, 9))
@@ -99,7 +105,8 @@ def test_names_stages_and_the_per_step_and_per_epoch_twins(tmp_path: Path) -> No
     assert steps(out, "train/mse_epoch") == [4, 8]
     assert steps(out, "valid/error_rate") == [4, 8], "no point from the sanity check"
     assert steps(out, "noise") == steps(out, "val_mse") == steps(out, "train/mse_step") == []
-    assert sorted(checkpoints(out)) == [4, 8]
+    assert steps(out, "test/mse") == [8]
+    assert sorted(checkpoints(out)) == [4, 8], "none for trainer.test"
 
 
 @pytest.mark.slow
