@@ -33,7 +33,7 @@ def test_pages_render_the_tracking_sheet_study_and_trial(client: httpx.Client) -
     assert "boundary" in sections and "12 of 12" in sections
     page = client.get(f"/studies/{study['id']}")
     assert "boundary" in page.text and "Running the playbook" not in page.text
-    assert page.text.count('data-chart="') == 10 and "12 of 12" in page.text
+    assert page.text.count('data-chart="') == 11 and "12 of 12" in page.text
     # the study page starts with Plotly's cartesian bundle (the full one loads for WebGL charts)
     assert "/static/vendor/plotly-cartesian.min.js" in page.text and "cdn" not in page.text.lower()
     best = analysis(client, study["id"])["arms"][0]["best_trial_id"]
