@@ -22,10 +22,12 @@ def _register_worker(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--server",
+        action="append",
         default=None,
         metavar="URL",
         help="the hpo server: host:port or a URL, with or without /api/v1 "
-        "(default $HPO_SERVER_URL or http://127.0.0.1:8000)",
+        "(default $HPO_SERVER_URL or http://127.0.0.1:8000). Several servers sharing one database: repeat it or "
+        "separate URLs with commas; the worker spreads over them and fails over (docs/workers.md)",
     )
     parser.add_argument(
         "--ray-address",
@@ -161,16 +163,21 @@ def _run_worker(args: argparse.Namespace) -> int:
     from hpo.server_url import ServerUrlError, probe, server_url
 
     _reexec_without_secrets()
+    import os
+
+    entries = args.server or [os.environ.get("HPO_SERVER_URL", "")]
+    given: list[str | None] = [url for entry in entries for url in entry.split(",") if url.strip()] or [None]
     try:
-        args.server = server_url(args.server)
-        reachable = probe(args.server)
+        servers = list(dict.fromkeys(server_url(url) for url in given))
+        silent = [url for url in servers if not probe(url)]
     except ServerUrlError as exc:
         raise CliError(str(exc)) from None
+    args.server = ",".join(servers)
     from .console import TrialLines, quiet_logging
 
     quiet_logging(args.verbose, args.log_level)
-    if not reachable:
-        logging.getLogger("hpo.worker").warning("no hpo server answers at %s yet; retrying until one does", args.server)
+    for url in silent:
+        logging.getLogger("hpo.worker").warning("no hpo server answers at %s yet; retrying until one does", url)
     options = _worker_options(args)
     if args.ray_address:
         from .ray_errors import join_ray

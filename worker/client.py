@@ -8,7 +8,12 @@ Errors fall in three kinds, because a worker reacts to each differently:
 Transient failures are retried with exponential backoff and jitter for up to `retry_for` seconds
 (0: one try). Every worker write is idempotent on the server (metrics upsert on (trial, name,
 step); a repeated complete/fail answers 409), so a retried request that had in fact arrived does no
-harm."""
+harm.
+
+Several servers (`base_url` "http://a:8000,http://b:8000", servers sharing one Postgres): each
+client starts at a random one (a fleet spreads over them) and moves to the next as soon as one
+fails transiently, before any backoff; only when every server failed in a row does it wait. Leases
+live in the database, so any server takes any write of any lease."""
 
 from __future__ import annotations
 
@@ -60,8 +65,9 @@ class Backoff:
 
 
 class ServerClient:
-    """One connection pool to the hpo server. Thread-safe (httpx.Client is); picklable by
-    construction arguments, so Ray tasks rebuild it on their own node."""
+    """Connection pools to the hpo server, or to several (comma-separated URLs). Thread-safe
+    (httpx.Client is); picklable by construction arguments, so Ray tasks rebuild it on their own
+    node."""
 
     def __init__(
         self,
@@ -70,39 +76,60 @@ class ServerClient:
         timeout: float = 10.0,
         backoff: Backoff | None = None,
         transport: httpx.BaseTransport | None = None,
+        start: int | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        """`start`: the index of the first server to use (default a random one)."""
+        self.urls = tuple(url.strip().rstrip("/") for url in base_url.split(",") if url.strip())
+        if not self.urls:
+            raise ValueError("no server URL given")
         self.token = token
         self.timeout = timeout
         self.backoff = backoff or Backoff()
         self._transport = transport
-        self._client: httpx.Client | None = None
+        self._clients: dict[str, httpx.Client] = {}
+        # Spread a fleet over the servers.
+        self._current = random.randrange(len(self.urls)) if start is None else start % len(self.urls)
         self._lock = threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        """The server this client talks to now."""
+        return self.urls[self._current % len(self.urls)]
 
     @property
     def _http(self) -> httpx.Client:
         # Built on first use: an httpx.Client costs ~20 ms (its TLS context), paid once per
         # process that talks, not for each job the driver builds.
-        if self._client is None:
+        url = self.base_url
+        client = self._clients.get(url)
+        if client is None:
             with self._lock:
-                if self._client is None:
+                client = self._clients.get(url)
+                if client is None:
                     headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-                    self._client = httpx.Client(
-                        base_url=self.base_url, timeout=self.timeout, headers=headers, transport=self._transport
+                    client = httpx.Client(
+                        base_url=url, timeout=self.timeout, headers=headers, transport=self._transport
                     )
-        return self._client
+                    self._clients[url] = client
+        return client
+
+    def _fail_over(self, failed: str) -> None:
+        """The next server, unless another thread moved on already."""
+        with self._lock:
+            if self.base_url == failed:
+                self._current = (self._current + 1) % len(self.urls)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ServerClient, (self.base_url, self.token, self.timeout, self.backoff))
+        return (ServerClient, (",".join(self.urls), self.token, self.timeout, self.backoff))
 
     def for_trial(self, trial_token: str | None) -> ServerClient:
         """The client a trial process gets: the server's per-trial token (or none), never this
         client's own token, which may claim trials and so must stay with the driver."""
-        return ServerClient(self.base_url, trial_token, self.timeout, self.backoff)
+        return ServerClient(",".join(self.urls), trial_token, self.timeout, self.backoff)
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        for client in list(self._clients.values()):
+            client.close()
 
     # -- the protocol -------------------------------------------------------------------------
 
@@ -165,10 +192,17 @@ class ServerClient:
         """Sends one request, retrying transient failures for up to `retry_for` seconds."""
         deadline = time.monotonic() + retry_for
         delays = self.backoff.delays()
+        failed_in_a_row = 0
         while True:
+            url = self.base_url
             try:
                 return self._once(method, path, body, params)
             except ServerUnavailable:
+                failed_in_a_row += 1
+                if len(self.urls) > 1:
+                    self._fail_over(url)
+                    if failed_in_a_row % len(self.urls):  # another server not tried yet: at once
+                        continue
                 delay = next(delays)
                 if time.monotonic() + delay > deadline:
                     raise

@@ -63,7 +63,7 @@ class WorkerOptions:
     """How a worker runs. `ray_address` None starts a local Ray instance (with `num_cpus` and
     `num_gpus` when given); otherwise it joins that cluster ("auto" finds one on this node)."""
 
-    server_url: str
+    server_url: str  # one URL, or several servers sharing a database, comma-separated (ServerClient)
     artifact_root: Path = Path("./artifacts")
     token: str | None = None
     ray_address: str | None = None
