@@ -251,8 +251,8 @@
     var width = Math.max(3, Math.min(14, 240 / Math.max(1, names.length)));
     var out = Object.keys(traces).map(function (st) {
       var t = traces[st];
-      // SVG even at 50,000 trials: one path per status draws fast, where WebGL without a GPU does not
-      return { type: "scatter", mode: "lines", name: st, x: t.x, y: t.y, customdata: t.customdata, text: t.text,
+      // SVG up to 5,000 trials (WebGL without a GPU took 17 s there); past it SVG's paths cost more
+      return { type: b.ids.length > 5000 ? "scattergl" : "scatter", mode: "lines", name: st, x: t.x, y: t.y, customdata: t.customdata, text: t.text,
         hovertemplate: "%{text}<extra></extra>", connectgaps: false, line: { color: TIMELINE_COLORS[st] || "#666", width: width } };
     });
     if (marks.x.length) out.push({ type: "scatter", mode: "markers", name: "retried or straggler", x: marks.x, y: marks.y, customdata: marks.ids,
