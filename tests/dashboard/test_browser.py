@@ -176,6 +176,30 @@ def test_study_page_charts_hover_click_and_filters(site: dict, driver: Any, shot
     assert 0 < narrowed < 12
     rows = driver.find_elements("css selector", "#trial-table tbody tr")
     assert len(rows) == narrowed and all("optimizer=adam" in r.text for r in rows)
+    # one column per hyperparameter, sortable: a click on learning_rate orders the rows by it
+    header = driver.find_element("css selector", '#trial-table th[data-sort="param:learning_rate"]')
+    index = driver.execute_script(
+        "return Array.from(arguments[0].parentElement.children).indexOf(arguments[0])", header
+    )
+    header.click()
+    sorted_by = (
+        "var th = document.querySelector('#trial-table th.sorted'); return th && th.dataset.sort === arguments[0]"
+    )
+    wait(driver, sorted_by.replace("arguments[0]", "'param:learning_rate'"))
+    column = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#trial-table tbody tr'))"
+        ".map(r => Number(r.children[arguments[0]].textContent))",
+        index,
+    )
+    assert len(column) == narrowed and column == sorted(column)
+    assert not driver.find_elements("css selector", "#trial-table th[data-sort='number']")  # one numbering
+    # a second filter row narrows further (several filters at once)
+    driver.find_element("css selector", "#trial-filters [data-add-filter]").click()
+    second = driver.find_elements("css selector", "#trial-filters .param-filter")[1]
+    second.find_element("css selector", 'select[name="param-name"]').send_keys("weight_decay")
+    second.find_element("css selector", 'input[name="param-hi"]').send_keys("1e-9")
+    driver.find_element("css selector", '#trial-filters button[type="submit"]').click()
+    wait(driver, "return document.body.dataset.tableFiltered === '0'")
     shots(driver, "table")
     assert errors(driver) == []
 
