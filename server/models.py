@@ -140,6 +140,9 @@ class Trial(Base):
     failures: Mapped[int] = mapped_column(Integer, default=0)
     # Checkpoints of attempts up to this one are not resumed from: an `error` restarts from scratch.
     restart_after_attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # The earliest checkpoint step its history was resumed from since its last start from scratch
+    # (leases._truncate_history; migration 0009): a best step beyond it came from a resumed attempt.
+    resumed_from_step: Mapped[int | None] = mapped_column(Integer)
     lease_id: Mapped[str | None] = mapped_column(String(36))
     # Seconds since the epoch on the database's clock (see db.now_seconds), so every server
     # process and worker agrees on expiry whatever their own clocks say.
@@ -356,3 +359,10 @@ class RoundRecipe(Base):
     options: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
     readout: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+def resumed(best_step: int | None, resumed_from_step: int | None) -> bool:
+    """Whether a trial's best value was reached in an attempt that started from a checkpoint: its
+    best step lies beyond the earliest step its history was resumed from (`Trial.resumed_from_step`;
+    points up to that step come from the uninterrupted attempt before it)."""
+    return best_step is not None and resumed_from_step is not None and best_step > resumed_from_step

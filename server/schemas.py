@@ -107,6 +107,8 @@ class TrialPublic(_Public):
     attempt: int
     objective_value: float | None
     best_step: int | None
+    # Its best value was reached in an attempt that resumed from a checkpoint (issue 24).
+    resumed: bool = False
     fail_kind: str | None
     error: str | None
     error_step: int | None

@@ -26,7 +26,7 @@ from .analysis.space import Dimension, dimensions
 from .charts import trial_summaries
 from .db import Database
 from .errors import FieldError, InvalidInput
-from .models import MetricPoint, Trial
+from .models import MetricPoint, Trial, resumed
 
 SORT_KEYS = ("number", "id", "objective", "status", "best_step", "started_at", "finished_at", "duration")
 SORT_PREFIXES = ("param:", "metric:")
@@ -175,9 +175,11 @@ def trial_table(db: Database, study_id: int, query: TableQuery) -> dict[str, Any
         sort_col = resolve(cols, "sort", query.sort[len("param:") :]) if query.sort.startswith("param:") else None
         trials = trial_summaries(session, study_id)
         extra = {
-            r.id: (r.started_at, r.finished_at, r.retry_of)
+            r.id: (r.started_at, r.finished_at, r.retry_of, r.resumed_from_step)
             for r in session.execute(
-                select(Trial.id, Trial.started_at, Trial.finished_at, Trial.retry_of).where(Trial.study_id == study_id)
+                select(Trial.id, Trial.started_at, Trial.finished_at, Trial.retry_of, Trial.resumed_from_step).where(
+                    Trial.study_id == study_id
+                )
             )
         }
         metric, metric_values = None, None
@@ -208,7 +210,8 @@ def trial_table(db: Database, study_id: int, query: TableQuery) -> dict[str, Any
     rows = []
     for t in page:
         row = _row(t, times.get(t.id, (None, None)), cols)
-        row["retry_of"] = extra.get(t.id, (None, None, None))[2]
+        row["retry_of"] = extra.get(t.id, (None, None, None, None))[2]
+        row["resumed"] = resumed(t.best_step, extra.get(t.id, (None, None, None, None))[3])
         if metric_values is not None:
             row["metric_value"] = metric_values.get(t.id)
         rows.append(row)

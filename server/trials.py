@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from . import layout, studies
 from .db import Database
 from .errors import Conflict, NotFound
-from .models import Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus
+from .models import Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus, resumed
 from .schemas import CheckpointPublic, MetricPointPublic, Page, TrialPublic
 from .values import from_storage, to_json
 
@@ -213,6 +213,7 @@ def trial_public(trial: Trial) -> TrialPublic:
         attempt=trial.attempt,
         objective_value=trial.objective_value,
         best_step=trial.best_step,
+        resumed=resumed(trial.best_step, trial.resumed_from_step),
         fail_kind=trial.fail_kind,
         error=trial.error,
         error_step=trial.error_step,

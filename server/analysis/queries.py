@@ -112,6 +112,18 @@ SELECT r.id AS trial_id, r.arm_rank FROM ranked r WHERE r.arm_rank <= :k
 """
 
 
+def resume_steps(session: Session, trial_ids: Sequence[int]) -> dict[int, int]:
+    """Per trial with a resumed history, the earliest step it was resumed from (`Trial.resumed_from_step`)."""
+    if not trial_ids:
+        return {}
+    rows = session.execute(
+        select(Trial.id, Trial.resumed_from_step).where(
+            Trial.id.in_(list(trial_ids)), Trial.resumed_from_step.is_not(None)
+        )
+    )
+    return {int(r.id): int(r.resumed_from_step) for r in rows}
+
+
 def best_trial_curves(
     session: Session, study_id: int, mode: str, k: int, names: Sequence[str]
 ) -> tuple[dict[int, int], dict[int, dict[str, Curve]]]:

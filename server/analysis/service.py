@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from ..bayesian.view import bayesian_view
 from ..db import Database
+from ..models import resumed
 from . import queries
 from .arms import arm_summaries, comparison, comparison_warnings, trial_variance
 from .boundary import boundary_warnings, check_boundaries
@@ -60,6 +61,8 @@ class StudyData:
     stats: dict[str, queries.CurveStats]
     # Training-loss curves of the trials just above each arm's best learning rate (instability).
     above_best: dict[int, Curve]
+    # Arms' best trials whose best value came from a resumed attempt: id -> the step resumed from.
+    resumed: dict[int, int] = field(default_factory=dict)
 
     @property
     def sign(self) -> float:
@@ -110,6 +113,11 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
         horizon=horizon,
         stats=stats,
         above_best={tid: c[OBJECTIVE_TRAIN] for tid, c in above_curves.items() if OBJECTIVE_TRAIN in c},
+        resumed={
+            tid: step
+            for tid, step in queries.resume_steps(session, best_ids).items()
+            if resumed(by_id[tid].best_step, step)
+        },
     )
 
 
@@ -191,7 +199,8 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
         "skipped": skipped,
         "caveats": caveats(dims, data.trainer)
         + _regularizer_caveat(regs[0].name if regs else None)
-        + stopped_short_caveat(short),
+        + stopped_short_caveat(short)
+        + resumed_caveats(arms, data.resumed, data.trainer),
         "overfitting": screen,
         "max_train_steps": steps,
         "grad_clip": grad,
@@ -348,6 +357,38 @@ def _counts(trials: Sequence[TrialSummary]) -> dict[str, int]:
     for t in trials:
         counts[t.status] = counts.get(t.status, 0) + 1
     return counts
+
+
+def resumed_caveats(
+    arms: Sequence[Mapping[str, Any]], resumed: Mapping[int, int], trainer: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """One caveat per arm whose best trial reached its best value in an attempt resumed from a
+    checkpoint (issue 24). A command's resume may not be exact (a script that re-seeds its data
+    order ends elsewhere than an uninterrupted run), so the caveat suggests a replica of it; the
+    built-in trainer restores model, optimizer, data order and random state, so its caveat says
+    the value is the one an uninterrupted run gives."""
+    out = []
+    for arm in arms:
+        tid = arm["best_trial_id"]
+        if tid is None or tid not in resumed:
+            continue
+        what = (
+            f"Arm {arm['label']}: its best trial {tid} reached its best value ({fmt(arm['best_value'])} at step "
+            f"{fmt(arm['best_step'])}) in an attempt resumed from the checkpoint at step {fmt(resumed[tid])}."
+        )
+        if trainer.get("command"):
+            advice = (
+                " A script's resume may not be exact (data order and random state re-seeded), so the value may differ "
+                f"from an uninterrupted run's: replicate the trial (POST /api/v1/trials/{tid}/replicas "
+                '{"count": 3}) before trusting it.'
+            )
+        else:
+            advice = (
+                " The built-in trainer resumes exactly (model, optimizer, data order and random state restored), so "
+                "the value is the one an uninterrupted run gives."
+            )
+        out.append({"param": None, "value": None, "when": None, "message": what + advice, "trial_id": tid})
+    return out
 
 
 def _regularizer_caveat(regularizer: str | None) -> list[dict[str, Any]]:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import csv
 import io
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import select, text
 
 from ..db import Database
+from ..models import resumed
+from . import queries
 from .divergence import study_best
 from .model import TrialSummary
 
@@ -26,6 +29,7 @@ COLUMNS = (
     "reproduce",
     "id",
     "best_trial_id",
+    "best_trial_resumed",
     "pipeline",
     "round",
     "goal",
@@ -47,8 +51,23 @@ def tracking_rows(db: Database, base_url: str) -> list[dict[str, Any]]:
     with db.transaction() as session:
         rows = session.execute(text(_ROWS)).all()
         best = {r.id: study_best(session, r.id) for r in rows}
+        steps = queries.resume_steps(session, [t.id for t in best.values() if t is not None])
         rounds = _rounds(session, {r.round_id for r in rows if r.round_id is not None})
-    return [{**_row(r, best[r.id], base_url), **_round_cells(r, rounds.get(r.round_id))} for r in rows]
+    return [
+        {
+            **_row(r, best[r.id], base_url),
+            "best_trial_resumed": _resumed_cell(best[r.id], steps),
+            **_round_cells(r, rounds.get(r.round_id)),
+        }
+        for r in rows
+    ]
+
+
+def _resumed_cell(trial: TrialSummary | None, steps: Mapping[int, int]) -> str:
+    """`true` when the study's best value came from an attempt resumed from a checkpoint."""
+    if trial is None or trial.status != "completed":
+        return ""
+    return "true" if resumed(trial.best_step, steps.get(trial.id)) else "false"
 
 
 def _rounds(session: Any, round_ids: set[int]) -> dict[int, Any]:
