@@ -91,6 +91,36 @@ class ExecutionPolicy:
                 )
         return None
 
+    def trainer_refusal(self, trainer: Mapping[str, object]) -> str | None:
+        """Why this policy refuses what a trial's `trainer` settings would run (a command, its env,
+        a workload), naming the setting; None when it may run. The worker checks it before any
+        import or process start; the server before it hands a trial to a worker with this policy."""
+        command = trainer.get("command")
+        if command is not None:
+            if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+                return "trainer.command must be a list of strings"
+            reason = self.command_refusal(command)
+            if reason is not None:
+                return f"trainer.command: {reason}"
+        if trainer.get("env") is not None:
+            refusal = self.env_refusal(trainer["env"])
+            if refusal is not None:
+                return f"{refusal.field}: {refusal.reason}"
+        workload = trainer.get("workload", "synthetic_mlp")
+        if not isinstance(workload, str):
+            return "trainer.workload must be a string"
+        reason = self.workload_refusal(workload)
+        return None if reason is None else f"trainer.workload: {reason}"
+
+    def capabilities(self) -> dict[str, list[object]]:
+        """What a worker tells the server it may run (`POST /workers/claim`), so the server never
+        hands it a trial it would refuse."""
+        return {
+            "workloads": list(self.workload_globs),
+            "commands": [list(prefix) for prefix in self.command_prefixes],
+            "env": list(self.env_globs),
+        }
+
     def merged(
         self,
         workload_globs: Iterable[str] = (),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,8 +22,56 @@ from .errors import Conflict, LeaseLost, NotFound
 from .models import FINISHED_STATUSES, Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus
 from .schemas import Claim, HeartbeatAnswer
 
+# A worker that may run none of the first few studies in line gets 204 rather than a long search.
+MAX_REFUSED_STUDIES = 20
 
-def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds: float) -> Claim | None:
+
+def claim_runnable(
+    db: Database,
+    worker_id: str,
+    cpus: float,
+    gpus: float,
+    lease_seconds: float,
+    runs: Callable[[int, dict[str, Any]], bool],
+) -> Claim | None:
+    """`claim`, but never a trial the worker would refuse: `runs(study_id, trainer)` says whether it
+    may run a study's trainer settings (its operator's allow-list). A refused trial is handed back
+    at once, as it was (no attempt used), and its study skipped for the rest of this claim."""
+    refused: list[int] = []
+    while len(refused) <= MAX_REFUSED_STUDIES:
+        answer = claim(db, worker_id, cpus, gpus, lease_seconds, skip_studies=refused)
+        if answer is None or runs(answer.study_id, dict(answer.config.get("trainer") or {})):
+            return answer
+        _hand_back(db, answer.trial_id, answer.lease_id)
+        refused.append(answer.study_id)
+    return None
+
+
+def _hand_back(db: Database, trial_id: int, lease_id: str) -> None:
+    """Undoes a claim that was never handed out: pending again, the attempt not counted."""
+    with db.transaction() as session:
+        session.execute(
+            update(Trial)
+            .where(Trial.id == trial_id, Trial.lease_id == lease_id)
+            .values(
+                status=TrialStatus.pending,
+                lease_id=None,
+                lease_expires_at=None,
+                attempt=Trial.attempt - 1,
+                worker_id=None,
+            )
+            .execution_options(synchronize_session=False)
+        )
+
+
+def claim(
+    db: Database,
+    worker_id: str,
+    cpus: float,
+    gpus: float,
+    lease_seconds: float,
+    skip_studies: Sequence[int] = (),
+) -> Claim | None:
     """Leases the oldest pending trial of an active study whose footprint fits the offered
     resources, with a new fencing `lease_id`; None when there is none. Two calls never get the
     same trial. Points above the resume step are deleted, so the resumed history has no gap and
@@ -38,9 +87,11 @@ def claim(db: Database, worker_id: str, cpus: float, gpus: float, lease_seconds:
         "gpus": gpus,
         "lease_seconds": lease_seconds,
     }
+    if skip_studies:
+        params["skipped"] = list(skip_studies)
     if not db.is_sqlite:
         return _claim_postgres(db, params, lease_seconds)
-    statement = _claim_statement(True)
+    statement = _claim_statement(True, bool(skip_studies))
     with db.transaction() as session:
         reaped_first = db.reap_due()
         if reaped_first:
@@ -69,7 +120,7 @@ def _claim_postgres(db: Database, params: dict[str, Any], lease_seconds: float) 
     own, under the new lease: no one else writes to the trial meanwhile (its old lease is gone, the
     new worker has no answer yet), and a server that dies between the two leaves a leased trial
     whose lease expires, as one that dies before sending the answer always did."""
-    statement = _claim_statement(False)
+    statement = _claim_statement(False, "skipped" in params)
     with db.statement() as connection:
         reaped_first = db.reap_due()
         if reaped_first:
@@ -91,7 +142,7 @@ def _claim_postgres(db: Database, params: dict[str, Any], lease_seconds: float) 
 
 
 @functools.cache
-def _claim_statement(sqlite: bool) -> Any:
+def _claim_statement(sqlite: bool, skipping: bool = False) -> Any:
     now = Database.clock(sqlite)
     candidate = (
         select(Trial.id)
@@ -101,6 +152,8 @@ def _claim_statement(sqlite: bool) -> Any:
         .order_by(Trial.id)
         .limit(1)
     )
+    if skipping:
+        candidate = candidate.where(Trial.study_id.not_in(bindparam("skipped", expanding=True)))
     if not sqlite:
         candidate = candidate.with_for_update(of=Trial, skip_locked=True)
     trial_columns = (

@@ -122,9 +122,22 @@ class ClaimResources(_Request):
     gpus: float = Field(default=0.0, ge=0, le=100_000)
 
 
+class WorkerCapabilities(_Request):
+    """What the worker's operator lets it run (hpo.policy.ExecutionPolicy): the server hands it no
+    trial it would refuse, so a study it may not run waits for a worker that may."""
+
+    workloads: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list, max_length=100)
+    commands: list[Annotated[list[Annotated[str, Field(max_length=4096)]], Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=100
+    )
+    env: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list, max_length=100)
+
+
 class ClaimRequest(_Request):
     worker_id: str = Field(min_length=1, max_length=200)
     resources: ClaimResources = Field(default_factory=ClaimResources)
+    # Absent: the worker runs whatever the server hands it (and refuses what its policy does not allow).
+    capabilities: WorkerCapabilities | None = None
 
 
 class Claim(_Public):

@@ -133,9 +133,20 @@ class ServerClient:
 
     # -- the protocol -------------------------------------------------------------------------
 
-    def claim(self, worker_id: str, cpus: float, gpus: float, retry_for: float = 0) -> dict[str, Any] | None:
-        """Leases the next pending trial whose footprint fits `cpus`/`gpus`; None when none fits (204)."""
-        body = {"worker_id": worker_id, "resources": {"cpus": cpus, "gpus": gpus}}
+    def claim(
+        self,
+        worker_id: str,
+        cpus: float,
+        gpus: float,
+        capabilities: dict[str, Any] | None = None,
+        retry_for: float = 0,
+    ) -> dict[str, Any] | None:
+        """Leases the next pending trial whose footprint fits `cpus`/`gpus`, and, given this worker's
+        `capabilities` (hpo.policy.ExecutionPolicy.capabilities), that it would run; None when none
+        fits (204)."""
+        body: dict[str, Any] = {"worker_id": worker_id, "resources": {"cpus": cpus, "gpus": gpus}}
+        if capabilities is not None:
+            body["capabilities"] = capabilities
         response = self.request("POST", f"{API}/workers/claim", body, retry_for)
         return None if response.status_code == 204 else response.json()
 

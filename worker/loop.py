@@ -229,7 +229,7 @@ class Worker:
             if cpus <= 0 and gpus <= 0:
                 return
             try:
-                claim = self.client.claim(self.options.worker_id, cpus, gpus)
+                claim = self.client.claim(self.options.worker_id, cpus, gpus, self.options.policy.capabilities())
             except (ServerUnavailable, ProtocolError) as exc:
                 delay = next(self._claim_delays)
                 self._next_claim = time.monotonic() + delay
@@ -382,25 +382,8 @@ class Worker:
 
 
 def execution_refusal(config: dict[str, Any], policy: ExecutionPolicy) -> str | None:
-    """Why this worker's policy refuses what the trial's config would run, or None. A command
-    (`trainer.command`, an argv list) is checked as a command, anything else as a workload."""
-    trainer = config.get("trainer") or {}
-    command = trainer.get("command")
-    if command is not None:
-        if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
-            return "trainer.command must be a list of strings"
-        reason = policy.command_refusal(command)
-        if reason is not None:
-            return f"trainer.command: {reason}"
-    if trainer.get("env") is not None:
-        refusal = policy.env_refusal(trainer["env"])
-        if refusal is not None:
-            return f"{refusal.field}: {refusal.reason}"
-    workload = trainer.get("workload", "synthetic_mlp")
-    if not isinstance(workload, str):
-        return "trainer.workload must be a string"
-    reason = policy.workload_refusal(workload)
-    return None if reason is None else f"trainer.workload: {reason}"
+    """Why this worker's policy refuses what the trial's config would run, or None."""
+    return policy.trainer_refusal(config.get("trainer") or {})
 
 
 @ray.remote(num_cpus=1, max_retries=0)

@@ -118,6 +118,8 @@ class HttpReporter:
         self._flush_points, self._flush_seconds = flush_points, flush_seconds
         self._checkpoints: deque[tuple[int, str, float | None]] = deque()
         self._deleted: set[int] = set()  # steps whose files retention deleted, not yet told
+        # The runner tells of new and deleted checkpoints while the flush thread posts them.
+        self._records_lock = threading.Lock()
         self._recorded: dict[int, tuple[str, float | None]] = {}  # records the server holds: uri, objective
         self._delivered_step = -1
         self._unflushed = 0
@@ -142,7 +144,8 @@ class HttpReporter:
 
     def checkpoint(self, step: int, path: str | Path, objective_value: float | None) -> None:
         """Queues the record; it is sent once the points up to `step` are delivered."""
-        self._checkpoints.append((int(step), checkpoint_uri(self._root, Path(path)), objective_value))
+        with self._records_lock:
+            self._checkpoints.append((int(step), checkpoint_uri(self._root, Path(path)), objective_value))
         self._wake.set()
 
     def checkpoints_deleted(self, steps: list[int]) -> None:
@@ -150,8 +153,9 @@ class HttpReporter:
         the server with the next delivery (with the next record, or by re-sending the newest
         surviving one), so the server does not offer a deleted file as a resume point."""
         gone = set(steps)
-        self._checkpoints = deque(c for c in self._checkpoints if c[0] not in gone)
-        self._deleted |= gone
+        with self._records_lock:
+            self._checkpoints = deque(c for c in self._checkpoints if c[0] not in gone)
+            self._deleted |= gone
         self._wake.set()
 
     def should_stop(self) -> bool:
@@ -219,30 +223,45 @@ class HttpReporter:
             self._tail.advance(end)
             if len(points) < self._tail.max_points:
                 break
-        while self._checkpoints and (final or self._checkpoints[0][0] < self._delivered_step):
-            step, uri, objective = self._checkpoints[0]
-            deleted = sorted(self._deleted)
+        while (entry := self._next_record(final)) is not None:
+            step, uri, objective = entry
+            with self._records_lock:
+                deleted = sorted(self._deleted)
             try:
                 self._client.post_checkpoint(self._trial_id, self._lease_id, step, uri, objective, retry_for, deleted)
-                self._recorded[step] = (uri, objective)
-                self._forget(deleted)
+                with self._records_lock:
+                    self._recorded[step] = (uri, objective)
+                    self._forget(deleted)
             except ProtocolError as exc:
                 if isinstance(exc, LeaseLost):
                     raise
                 _log.error("trial %d: checkpoint at step %d refused, not recorded: %s", self._trial_id, step, exc)
-            self._checkpoints.popleft()
-        if self._deleted and not self._checkpoints:
+            with self._records_lock:
+                # The entry itself, not the queue's head: a deletion may have rebuilt the queue meanwhile.
+                if entry in self._checkpoints:
+                    self._checkpoints.remove(entry)
+        with self._records_lock:
+            pending_deletions = bool(self._deleted) and not self._checkpoints
+        if pending_deletions:
             self._send_deletions(retry_for)
+
+    def _next_record(self, final: bool) -> tuple[int, str, float | None] | None:
+        """The next checkpoint record to post: once every point up to its step was delivered."""
+        with self._records_lock:
+            if self._checkpoints and (final or self._checkpoints[0][0] < self._delivered_step):
+                return self._checkpoints[0]
+        return None
 
     def _send_deletions(self, retry_for: float) -> None:
         """Deletes the records of deleted files now, by re-sending the newest surviving record (the
         call is idempotent on its step) with them; with no surviving record, the next one carries them."""
-        surviving = [step for step in self._recorded if step not in self._deleted]
-        if not surviving:
-            return
-        step = max(surviving)
-        uri, objective = self._recorded[step]
-        deleted = sorted(self._deleted)
+        with self._records_lock:
+            surviving = [step for step in self._recorded if step not in self._deleted]
+            if not surviving:
+                return
+            step = max(surviving)
+            uri, objective = self._recorded[step]
+            deleted = sorted(self._deleted)
         try:
             self._client.post_checkpoint(self._trial_id, self._lease_id, step, uri, objective, retry_for, deleted)
         except ProtocolError as exc:
@@ -250,7 +269,8 @@ class HttpReporter:
                 raise
             _log.error("trial %d: deleting checkpoint records %s refused: %s", self._trial_id, deleted, exc)
             return
-        self._forget(deleted)
+        with self._records_lock:
+            self._forget(deleted)
 
     def _forget(self, deleted: list[int]) -> None:
         self._deleted -= set(deleted)
@@ -271,7 +291,8 @@ class HttpReporter:
         self._unflushed = 0
 
     def _leftovers(self) -> Undelivered:
-        left = Undelivered(checkpoints=list(self._checkpoints))
+        with self._records_lock:
+            left = Undelivered(checkpoints=list(self._checkpoints))
         while True:
             points, end = self._tail.read()
             self._tail.advance(end)

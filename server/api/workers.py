@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+
+from hpo.policy import ExecutionPolicy
 
 from .. import leases, results
 from ..errors import Forbidden
@@ -28,7 +32,22 @@ _METRICS_SCHEMA = MetricsIn.model_json_schema()  # self-contained: its $defs tra
 @router.post("/workers/claim", response_model=Claim, responses={204: {"description": "no trial fits"}})
 def claim(request: Request, db: DatabaseDep, settings: SettingsDep, body: ClaimRequest) -> Response:
     offered = body.resources
-    answer = leases.claim(db, body.worker_id, offered.cpus, offered.gpus, settings.lease_seconds)
+    if body.capabilities is None:
+        answer = leases.claim(db, body.worker_id, offered.cpus, offered.gpus, settings.lease_seconds)
+    else:
+        policy = ExecutionPolicy(
+            workload_globs=tuple(body.capabilities.workloads),
+            command_prefixes=tuple(tuple(p) for p in body.capabilities.commands),
+            env_globs=tuple(body.capabilities.env),
+        )
+        answer = leases.claim_runnable(
+            db,
+            body.worker_id,
+            offered.cpus,
+            offered.gpus,
+            settings.lease_seconds,
+            lambda study_id, trainer: _runs(policy, study_id, trainer),
+        )
     if answer is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     auth = request.app.state.auth
@@ -37,6 +56,22 @@ def claim(request: Request, db: DatabaseDep, settings: SettingsDep, body: ClaimR
         answer = answer.model_copy(update={"trial_token": auth.trial_token(answer.trial_id, answer.lease_id)})
     # Already a validated Claim: serialized directly, without FastAPI validating it a second time.
     return Response(answer.model_dump_json(), media_type="application/json")
+
+
+# A study's trainer settings never change, so whether a policy runs them is asked once per
+# (policy, study); bounded, since a fleet has few policies and a server sees many studies.
+_RUNS: dict[tuple[ExecutionPolicy, int], bool] = {}
+_RUNS_LIMIT = 4096
+
+
+def _runs(policy: ExecutionPolicy, study_id: int, trainer: dict[str, Any]) -> bool:
+    key = (policy, study_id)
+    known = _RUNS.get(key)
+    if known is None:
+        if len(_RUNS) >= _RUNS_LIMIT:
+            _RUNS.clear()
+        known = _RUNS[key] = policy.trainer_refusal(trainer) is None
+    return known
 
 
 @router.post("/trials/{trial_id}/heartbeat", response_model=HeartbeatAnswer)

@@ -16,6 +16,7 @@ import pytest
 
 from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
+from hpo.worker.client import ServerClient
 
 REPO = Path(__file__).resolve().parents[2]
 API = "/api/v1"
@@ -81,6 +82,22 @@ def fixed(spec: dict[str, Any], **values: Any) -> dict[str, Any]:
     hps = [hp for hp in spec["hyperparameters"] if hp["name"] not in values]
     spec["hyperparameters"] = hps + [{"name": k, "role": "fixed", "value": v} for k, v in values.items()]
     return spec
+
+
+class SilentClient(ServerClient):
+    """A worker's client that does not tell the server what its operator allows (as an hpo worker
+    from before capabilities did): the server may hand it anything, so the worker's own allow-list
+    check is what stands between a study and the node."""
+
+    def claim(
+        self,
+        worker_id: str,
+        cpus: float,
+        gpus: float,
+        capabilities: dict[str, Any] | None = None,
+        retry_for: float = 0,
+    ) -> dict[str, Any] | None:
+        return super().claim(worker_id, cpus, gpus, None, retry_for)
 
 
 def create_study(http: httpx.Client, spec: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from tests.conftest import LiveServer
 from tests.worker.conftest import (
     API,
     REPO,
+    SilentClient,
     create_study,
     fault_server,
     fault_settings,
@@ -73,18 +74,20 @@ def command_study(params: dict[str, Any], copies: int = 1, steps: int = 60, **ov
 
 
 def run_worker(url: str, settings: Settings, until: Any, **options: Any) -> Worker:
+    client = SilentClient(url) if options.pop("silent", False) else None
     worker = Worker(
         WorkerOptions(
             server_url=url,
             artifact_root=settings.artifact_root,
             idle_poll_seconds=0.2,
-            exit_when_idle_seconds=60,
+            exit_when_idle_seconds=options.pop("exit_when_idle_seconds", 60),
             flush_seconds=0.2,
             policy=ExecutionPolicy().merged(command_prefixes=options.pop("allow_commands", ALLOW)),
-            workdir_root=WORKDIR_ROOT,
+            workdir_root=options.pop("workdir_root", WORKDIR_ROOT),
             warm_up=False,
             **options,
-        )
+        ),
+        client=client,
     )
     worker.run(until=until)
     return worker
@@ -118,9 +121,10 @@ def test_a_crashing_script_is_retried_then_failed_with_its_stderr(server: Any) -
 
 
 def test_a_command_outside_the_allow_list_fails_as_config_without_running(server: Any) -> None:
+    """Handed a trial its allow-list refuses (by a server it did not tell), the worker refuses it."""
     live, http, settings = server
     study = create_study(http, command_study({}, max_failed_trials=100))
-    run_worker(live.url, settings, study_done(http, study["id"]), allow_commands=("python other.py",))
+    run_worker(live.url, settings, study_done(http, study["id"]), allow_commands=("python other.py",), silent=True)
     (trial,) = trials(http, study["id"])
     assert (trial["status"], trial["fail_kind"], trial["attempt"]) == ("failed", "config", 1)
     assert "--allow-command" in trial["error"]
@@ -277,21 +281,36 @@ def test_checkpoint_records_follow_the_scripts_own_deletions_and_a_killed_trial_
     assert sorted(latest) == on_disk, f"records {sorted(latest)} for files {on_disk}"
 
 
+def test_a_worker_never_claims_a_trial_its_allow_list_refuses(server: Any) -> None:
+    """The worker tells the server what it may run: a study it may not run waits, untouched, for a
+    worker that may (instead of failing as config on the first worker that passes by)."""
+    live, http, settings = server
+    study = create_study(http, command_study({"step_seconds": 0.0}, copies=2, steps=10))
+    worker = run_worker(
+        live.url, settings, lambda: False, allow_commands=("python other.py",), exit_when_idle_seconds=2
+    )
+    assert worker.stats.claimed == 0
+    untouched = trials(http, study["id"])
+    assert [(t["status"], t["attempt"]) for t in untouched] == [("pending", 0), ("pending", 0)], untouched
+    run_worker(live.url, settings, study_done(http, study["id"]))
+    assert [t["status"] for t in trials(http, study["id"])] == ["completed", "completed"]
+
+
 def test_a_study_paused_by_refused_commands_says_why_and_its_trials_can_be_retried(
-    server: Any, capsys: pytest.CaptureFixture[str]
+    server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A worker without the allow-list fails the trials as config and the study pauses itself; the
-    study says why (API and `hpo study show`); once a worker allows the command, `hpo study retry`
-    runs them again as new trials, which complete."""
+    """A worker whose workdir root lacks the command's workdir fails the trials as config and the
+    study pauses itself; the study says why (API and `hpo study show`); `hpo study retry` runs them
+    again as new trials, which a worker that has the workdir completes."""
     from hpo.cli import main
 
     live, http, settings = server
     study = create_study(http, command_study({"step_seconds": 0.0}, copies=2, steps=10, max_failed_trials=2))
-    run_worker(live.url, settings, study_done(http, study["id"]), allow_commands=("python other.py",))
+    run_worker(live.url, settings, study_done(http, study["id"]), workdir_root=tmp_path)
     paused = http.get(f"{API}/studies/{study['id']}").json()
     assert paused["status"] == "paused", paused
     assert "paused itself after 2 failed trials" in paused["status_reason"], paused
-    assert "--allow-command" in paused["status_reason"]
+    assert "trainer.workdir" in paused["status_reason"]
     assert main(["study", "show", str(study["id"]), "--server", live.url]) == 0
     assert "paused itself after 2 failed trials" in capsys.readouterr().out
     assert main(["study", "retry", str(study["id"]), "--kind", "config", "--server", live.url]) == 0

@@ -23,7 +23,7 @@ from hpo.worker.client import ServerClient
 from hpo.worker.loop import Worker, WorkerOptions, execution_refusal
 from hpo.worker.runs import JobSettings, build_job
 from tests.conftest import LiveServer
-from tests.worker.conftest import API, study_done, trials
+from tests.worker.conftest import API, SilentClient, study_done, trials
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -77,7 +77,8 @@ def test_os_system_never_runs_unless_the_workers_operator_allows_it(
                 warm_up=False,
                 policy=policy,
             )
-            Worker(options).run(until=study_done(http, study.json()["id"]))
+            # A worker that does not announce its allow-list is handed the trial: its own check refuses it.
+            Worker(options, client=SilentClient(live.url, worker_token)).run(until=study_done(http, study.json()["id"]))
             (trial,) = trials(http, study.json()["id"])
             assert (trial["status"], trial["fail_kind"]) == ("failed", "config"), trial
             if name == "refused":
