@@ -180,6 +180,30 @@ class ManualTrial(_Strict):
     seed: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
 
 
+# The names the analysis reads (docs/analysis.md, "Aliases"): a spec's `analysis.aliases` maps a
+# script's own names onto these.
+ANALYSIS_PARAMS = (
+    "learning_rate",
+    "warmup_steps",
+    "warmup_fraction",
+    "grad_clip_norm",
+    "weight_decay",
+    "dropout",
+    "label_smoothing",
+)
+ANALYSIS_METRICS = ("train/loss", "train/grad_norm")
+
+
+class AnalysisSettings(_Strict):
+    """How the analysis reads the study: `aliases` maps the script's names (a hyperparameter or
+    trainer setting of the study, or a metric it reports) onto hpo's (`ANALYSIS_PARAMS`,
+    `ANALYSIS_METRICS`)."""
+
+    aliases: dict[Annotated[str, Field(min_length=1, max_length=200)], str] = Field(
+        default_factory=dict, max_length=100
+    )
+
+
 class StudySpec(_Strict):
     name: str = Field(min_length=1, max_length=200)
     description: str = Field(default="", max_length=100_000)
@@ -199,12 +223,13 @@ class StudySpec(_Strict):
     # pipeline's baseline. `pipeline_id`, when given, must be the round's pipeline.
     round_id: Annotated[int, Field(ge=1, lt=2**31), INTEGRAL] | None = None
     pipeline_id: Annotated[int, Field(ge=1, lt=2**31), INTEGRAL] | None = None
+    analysis: AnalysisSettings | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> Any:
         data = handler(self)
         if isinstance(data, dict):
-            for key in ("round_id", "pipeline_id"):
+            for key in ("round_id", "pipeline_id", "analysis"):
                 if data.get(key, 0) is None:
                     del data[key]  # specs outside rounds dump as they did
         return data
@@ -289,8 +314,36 @@ def _semantic_errors(spec: StudySpec) -> Iterator[FieldError]:
     yield from _trainer_errors(spec)
     yield from _size_errors(spec)
     yield from _algorithm_errors(spec)
+    yield from _alias_errors(spec)
     for index, trial in enumerate(spec.trials or []):
         yield from manual_trial_errors(spec, trial.params, f"trials[{index}].params")
+
+
+def _alias_errors(spec: StudySpec) -> Iterator[FieldError]:
+    """`analysis.aliases`: each value one of hpo's names; a parameter's key a hyperparameter or
+    trainer setting the study defines (and hpo's name not defined beside it), a metric's key a
+    metric name."""
+    if spec.analysis is None:
+        return
+    declared = {hp.name for hp in spec.hyperparameters}
+    settings = set((spec.trainer.model_dump(exclude_none=True) or {}).keys())
+    for key, value in spec.analysis.aliases.items():
+        path = f"analysis.aliases.{key}"
+        if value in ANALYSIS_PARAMS:
+            if key not in declared | settings:
+                yield FieldError(path, f"{key!r} is not a hyperparameter or trainer setting of this study")
+            elif value in declared | settings:
+                yield FieldError(path, f"the study already defines {value!r}: an alias would hide one of the two")
+        elif value in ANALYSIS_METRICS:
+            if not NAME_PATTERN.fullmatch(key):
+                yield FieldError(path, "a metric name may contain only letters, digits and _ . - /")
+        else:
+            known = ", ".join(ANALYSIS_PARAMS + ANALYSIS_METRICS)
+            yield FieldError(path, f"{value!r} is not a name the analysis reads (one of {known})")
+    targets = list(spec.analysis.aliases.values())
+    for key, value in spec.analysis.aliases.items():
+        if targets.count(value) > 1:
+            yield FieldError(f"analysis.aliases.{key}", f"{value!r} is the alias of more than one name")
 
 
 def _name_errors(name: str) -> Iterator[FieldError]:

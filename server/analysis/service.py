@@ -18,6 +18,7 @@ from ..bayesian.view import bayesian_view
 from ..db import Database
 from ..models import resumed
 from . import queries
+from .aliases import aliases_of, metric_name, renamed_study, renamed_trials
 from .arms import arm_summaries, comparison, comparison_warnings, trial_variance
 from .boundary import boundary_warnings, check_boundaries
 from .budget import best_of_k, flattened
@@ -33,7 +34,7 @@ from .feasibility import (
 )
 from .isolation import isolation_series
 from .model import Curve, TrialSummary, arm_key, fmt, warning
-from .skipped import best_step_skips, budget_skips, curve_skips, instability_skips, merged
+from .skipped import best_step_skips, budget_skips, curve_skips, instability_skips, merged, name_skips
 from .space import Dimension, dimensions
 from .stopped import concluding, stopped_short, stopped_short_caveat, stopped_short_warnings
 from .training import (
@@ -46,6 +47,7 @@ from .training import (
 )
 
 BEST_FEW = 3
+GRAD_NORM = "train/grad_norm"
 
 
 @dataclass(frozen=True)
@@ -93,17 +95,23 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     study = queries.study_info(session, study_id)
     horizon = horizon_of(session, study)
     trials, stats = load_trials(session, study, horizon)
+    aliases = aliases_of(study.spec)  # the script's own names read as hpo's (issue 24)
+    study, trials = renamed_study(study, aliases), renamed_trials(trials, aliases)
+    train_name, grad_name = metric_name(aliases, OBJECTIVE_TRAIN), metric_name(aliases, GRAD_NORM)
     sign = 1.0 if study.mode == "min" else -1.0
-    ranks, curves = best_curves(session, trials, study.metric, sign, best_few, [OBJECTIVE_TRAIN])
+    ranks, curves = best_curves(session, trials, study.metric, sign, best_few, [train_name])
+    if train_name != OBJECTIVE_TRAIN:
+        curves = {tid: _filed(series, train_name, OBJECTIVE_TRAIN) for tid, series in curves.items()}
     arms = arm_summaries(trials, sign)
     best_ids = [a["best_trial_id"] for a in arms if a["best_trial_id"] is not None]
     fixed = {d.name: d.value for d in dimensions(study.spec) if d.role == "fixed"}
     settings = {**dict(study.spec.get("trainer") or {}), **fixed}
     by_id = {t.id: t for t in trials}
     clips = {tid: _clip_norm({**settings, **by_id[tid].params}) for tid in best_ids}
-    grad = queries.grad_norm_stats(session, best_ids, thresholds=clips)
+    grad = queries.grad_norm_stats(session, best_ids, metric=grad_name, thresholds=clips)
     above = [t.id for _, _, _, group in neighbours_above_best(dimensions(study.spec), trials, sign) for t in group]
-    above_curves = queries.curves_of(session, above, [OBJECTIVE_TRAIN]) if above else {}
+    above_curves = queries.curves_of(session, above, [train_name]) if above else {}
+    above_curves = {tid: _filed(series, train_name, OBJECTIVE_TRAIN) for tid, series in above_curves.items()}
     return StudyData(
         study=study,
         trials=trials,
@@ -119,6 +127,14 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
             if resumed(by_id[tid].best_step, step)
         },
     )
+
+
+def _filed(series: Mapping[str, Curve], script: str, name: str) -> dict[str, Curve]:
+    """A trial's curves with the script's metric `script` filed under hpo's `name`."""
+    out = dict(series)
+    if script != name and script in out:
+        out[name] = out.pop(script)
+    return out
 
 
 def best_curves(
@@ -167,6 +183,7 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
             *instability_skips(dims, trials, sign, data.above_best),
             *best_step_skips(steps),
             *budget_skips(arms, budget),
+            *name_skips(dims, data.trainer, data.grad),
         ]
     )
     edge = instability_warnings(dims, trials, sign)

@@ -15,7 +15,7 @@ from .curves import OBJECTIVE_TRAIN
 from .diagnostics import TRAIN_LOGS_NEEDED, curve_needs
 from .feasibility import neighbours_above_best
 from .model import Curve, TrialSummary
-from .space import Dimension
+from .space import Dimension, is_learning_rate
 from .training import TOP_MIN
 
 Skip = tuple[str, str, int | None]
@@ -72,6 +72,21 @@ def instability_skips(
                 out.append(("instability", f"needs {OBJECTIVE_TRAIN}", t.id))
             elif logs < TRAIN_LOGS_NEEDED:
                 out.append(("instability", f"{logs} logs of {OBJECTIVE_TRAIN}, needs {TRAIN_LOGS_NEEDED}", t.id))
+    return out
+
+
+def name_skips(dims: Sequence[Dimension], trainer: Mapping[str, Any], grad: Sequence[Mapping[str, Any]]) -> list[Skip]:
+    """The checks that read a name the study does not have (after `analysis.aliases`): the
+    learning-rate rules need a learning rate among the hyperparameters, `long_warmup` a warmup
+    setting, `aggressive_clipping` the gradient norms of the arms' best trials."""
+    out: list[Skip] = []
+    names = {d.name for d in dims} | set(trainer)
+    if not any(is_learning_rate(n) for n in names):
+        out.append(("instability", "needs learning_rate", None))
+    if not names & {"warmup_steps", "lr_warmup_steps", "num_warmup_steps", "warmup_fraction", "warmup_ratio"}:
+        out.append(("long_warmup", "needs warmup_steps or warmup_fraction", None))
+    if grad and not any(g.get("n") for g in grad):
+        out.append(("aggressive_clipping", "needs train/grad_norm", None))
     return out
 
 

@@ -115,4 +115,8 @@ def test_enough_evidence_skips_nothing(client: httpx.Client) -> None:
     study = create(client, spec("long", num_trials=10))
     run_pending(client, short_plant(20))
     result = analysis(client, study["id"])
-    assert result["skipped"] == []
+    # only the checks whose names this study lacks (no warmup setting, no gradient norms reported)
+    assert {(s["check"], s["reason"]) for s in result["skipped"]} == {
+        ("long_warmup", "needs warmup_steps or warmup_fraction"),
+        ("aggressive_clipping", "needs train/grad_norm"),
+    }

@@ -1,0 +1,53 @@
+"""A spec's `analysis.aliases` (issue 24, item 3): the script's own names mapped onto the ones the
+analysis reads (`spec.ANALYSIS_PARAMS`, `spec.ANALYSIS_METRICS`). The study and its trials are
+renamed once, at load, so every check reads hpo's names as it does for the built-in trainer;
+metric curves are queried by the script's name and filed under hpo's."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..spec import ANALYSIS_METRICS
+from .model import TrialSummary
+from .queries import StudyInfo
+
+
+def aliases_of(spec: Mapping[str, Any]) -> dict[str, str]:
+    """The spec's aliases, script name -> hpo name (empty without any)."""
+    raw = ((spec.get("analysis") or {}).get("aliases")) or {}
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def metric_name(aliases: Mapping[str, str], name: str) -> str:
+    """The name the script reports hpo's metric `name` under (itself without an alias)."""
+    return next((k for k, v in aliases.items() if v == name and v in ANALYSIS_METRICS), name)
+
+
+def _renamed(mapping: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    return {aliases.get(k, k) if aliases.get(k) not in ANALYSIS_METRICS else k: v for k, v in mapping.items()}
+
+
+def renamed_study(study: StudyInfo, aliases: Mapping[str, str]) -> StudyInfo:
+    """The study with its hyperparameters (and their `when` keys) and trainer settings renamed."""
+    if not aliases:
+        return study
+    spec = dict(study.spec)
+    hps = []
+    for hp in spec.get("hyperparameters") or []:
+        hp = dict(hp)
+        hp["name"] = _renamed({hp["name"]: None}, aliases).popitem()[0]
+        if hp.get("when"):
+            hp["when"] = _renamed(hp["when"], aliases)
+        hps.append(hp)
+    spec["hyperparameters"] = hps
+    spec["trainer"] = _renamed(spec.get("trainer") or {}, aliases)
+    return dataclasses.replace(study, spec=spec)
+
+
+def renamed_trials(trials: Sequence[TrialSummary], aliases: Mapping[str, str]) -> list[TrialSummary]:
+    """The trials with their params and arms renamed."""
+    if not aliases:
+        return list(trials)
+    return [dataclasses.replace(t, params=_renamed(t.params, aliases), arm=_renamed(t.arm, aliases)) for t in trials]
