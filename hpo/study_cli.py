@@ -333,6 +333,10 @@ def _analyze(args: argparse.Namespace) -> int:
         return 0
     objective = analysis["objective"]
     print(f"analysis of study {analysis['study_id']} {analysis['name']!r} ({objective['mode']} {objective['metric']})")
+    study = request(args, "GET", f"/api/v1/studies/{args.study_id}")
+    if study.get("status_reason"):
+        # A study that stopped itself is the first thing to fix, before any curve is read.
+        print(f"[{study['status']}] {study['status_reason']}")
     print()
     print(
         render_table(

@@ -313,6 +313,8 @@ def test_a_study_paused_by_refused_commands_says_why_and_its_trials_can_be_retri
     assert "trainer.workdir" in paused["status_reason"]
     assert main(["study", "show", str(study["id"]), "--server", live.url]) == 0
     assert "paused itself after 2 failed trials" in capsys.readouterr().out
+    assert main(["study", "analyze", str(study["id"]), "--server", live.url]) == 0
+    assert "[paused] paused itself after 2 failed trials" in capsys.readouterr().out
     assert main(["study", "retry", str(study["id"]), "--kind", "config", "--server", live.url]) == 0
     assert "2 failed trial(s)" in capsys.readouterr().out
     again = http.post(f"{API}/studies/{study['id']}/retry", json={})
