@@ -74,11 +74,13 @@ def _summary(group: list[TrialSummary], replicas_of: Mapping[int, list[TrialSumm
     }
 
 
-def identical_runs(values: Sequence[float]) -> bool:
-    """Whether two or more runs of one configuration with different seeds returned the same value
-    (bit for bit): the seed does not reach the training code, so the runs cannot measure trial
-    variance (issue 24). Used by the analysis' comparison and by the rounds' evidence alike."""
-    return len(values) >= 2 and len(set(values)) == 1
+def identical_runs(runs: Sequence[Any]) -> bool:
+    """Whether two or more runs of one configuration with different seeds returned the same result
+    (bit for bit; each run its `(value, best_step)`, so two runs tied by chance on a coarse metric
+    at different steps are not taken for one): the seed does not reach the training code, so the
+    runs cannot measure trial variance (issue 24). Used by the analysis' comparison and by the
+    rounds' evidence alike."""
+    return len(runs) >= 2 and len(set(runs)) == 1
 
 
 def seed_ignored_message(label: str, trial_id: int | None, n_runs: int, value: float | None) -> str:
@@ -102,9 +104,10 @@ def replica_stats(replicas: Sequence[TrialSummary], original: TrialSummary | Non
     `original`, when it is feasible) are two or more runs that returned identical values
     (`identical_runs`); `replica_std` and `replica_ci` are then None (nothing was measured)."""
     values = [float(t.objective or 0.0) for t in replicas if t.feasible]
-    with_original = original is not None and original.feasible and bool(values)
-    runs = values + ([float(original.objective or 0.0)] if with_original and original is not None else [])
-    ignored = identical_runs(runs)
+    kept = [t for t in replicas if t.feasible]
+    if original is not None and original.feasible and kept:
+        kept.append(original)
+    ignored = identical_runs([(float(t.objective or 0.0), t.best_step) for t in kept])
     n = len(values)
     # Playbook (002), "Determining whether to adopt a training pipeline change": a replica is a rerun
     # of the same configuration, so one that diverges or fails is a property of that configuration

@@ -96,3 +96,21 @@ def test_rounds_evidence_uses_the_same_rule(client: httpx.Client) -> None:
     assert "seed does not reach the training code" in evidence["message"]
     refused = client.post(f"{API}/rounds/{rnd['id']}/decision", json={"adopt": True})
     assert refused.status_code == 409
+
+
+def test_a_tie_at_another_step_is_not_taken_for_an_ignored_seed() -> None:
+    """A coarse metric (an error rate over 100 examples) can tie by chance; the same value at the
+    same best step in every run cannot, short of an ignored seed."""
+    from hpo.server.analysis.arms import replica_stats
+    from hpo.server.analysis.model import TrialSummary
+
+    def run(tid: int, value: float, step: int) -> TrialSummary:
+        return TrialSummary(id=tid, number=tid, arm={}, params={}, status="completed", objective=value, best_step=step)
+
+    original = run(1, 0.07, 1800)
+    tied = replica_stats([run(2, 0.07, 1500), run(3, 0.08, 1900)], original=original)
+    assert tied["seed_ignored"] is False and tied["replica_std"] > 0
+    same = replica_stats([run(2, 0.07, 1800), run(3, 0.07, 1800)], original=original)
+    assert same["seed_ignored"] is True and same["replica_std"] is None
+    assert replica_stats([run(2, 0.07, 1800)], original=original)["seed_ignored"] is True
+    assert replica_stats([run(2, 0.07, 1800)])["seed_ignored"] is False  # one run alone tells nothing
