@@ -16,7 +16,7 @@ from hpo.server.analysis.model import Curve
 from hpo.server.analysis.training import TOP_MIN
 from tests.analysis import planted
 from tests.analysis.protocol import Outcome, analysis, create, kinds, run_pending
-from tests.analysis.test_planted import spec
+from tests.analysis.test_planted import spec, unit_lr
 
 HORIZON = planted.HORIZON
 
@@ -120,3 +120,23 @@ def test_enough_evidence_skips_nothing(client: httpx.Client) -> None:
         ("long_warmup", "needs warmup_steps or warmup_fraction"),
         ("aggressive_clipping", "needs train/grad_norm"),
     }
+
+
+def test_loss_instability_abstains_without_a_training_loss(client: httpx.Client) -> None:
+    """Only the validation error reported: the trials just above the best learning rate have no
+    training loss to read, so the rule is listed as skipped, naming them; with it, it is not."""
+
+    def plant(with_loss: bool) -> Any:
+        def run(config: dict[str, Any]) -> Outcome:
+            valid, train = planted.clean(config["number"], 0.1 + 0.3 * (unit_lr(config) - 0.5) ** 2)
+            return Outcome({"valid/error_rate": valid, **({"train/loss": train} if with_loss else {})})
+
+        return run
+
+    bare = create(client, spec("no-loss", num_trials=12))
+    run_pending(client, plant(False))
+    skipped = {s["check"]: s for s in analysis(client, bare["id"])["skipped"]}
+    assert skipped["instability"]["reason"] == "needs train/loss" and skipped["instability"]["trial_ids"]
+    full = create(client, spec("with-loss", num_trials=12))
+    run_pending(client, plant(True))
+    assert "instability" not in {s["check"] for s in analysis(client, full["id"])["skipped"]}
