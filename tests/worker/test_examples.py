@@ -93,7 +93,7 @@ def test_compose_commands_match_the_cli() -> None:
                 args = build_parser().parse_args(argv[1:])  # argparse exits (a test error) on a bad option
                 seen.add(args.command)
                 if args.command == "worker":
-                    assert args.server == f"http://server:{_server_port()}"
+                    assert args.server == [f"http://server:{_server_port()}"]  # --server repeats (several servers)
                     assert args.ray_address in ("auto", "ray-head:6379")
             elif argv[:2] == ["ray", "start"]:
                 ray_start.make_context("start", argv[2:])  # click raises on an unknown option
