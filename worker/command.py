@@ -58,7 +58,9 @@ STDOUT_FILE, STDERR_FILE = "stdout.log", "stderr.log"
 # `step-<N>` or `step-<N>.<ext>` (`.pt`, `.tar.gz`): a complete checkpoint. Anything else in the
 # folder (`.step-100.pt.tmp`, `step-100.pt.tmp123`, `tmp-...`) is a write in progress.
 CHECKPOINT_NAME = re.compile(r"^step-(\d+)((?:\.[A-Za-z0-9_-]+){0,3})$")
-_TEMPORARY = {"tmp", "temp", "part", "partial", "incomplete"}
+# A part of the name that marks a write in progress: `.tmp`, `.tmp12345` (the built-in trainer's
+# `step-N.pt.tmp<pid>`, renamed into place once written), `.temp`, `.part`, `.partial`, `.incomplete`.
+_TEMPORARY = re.compile(r"(tmp|temp)\w*|part|partial|incomplete")
 
 DEFAULT_STOP_GRACE_SECONDS = 30.0
 DEFAULT_SILENCE_TIMEOUT_SECONDS = 1800.0
@@ -133,7 +135,7 @@ def spec_environment(trainer: Mapping[str, Any], launcher: Mapping[str, str] | N
 def checkpoint_step(name: str) -> int | None:
     """The step of a complete checkpoint's file or folder name, None for anything else."""
     match = CHECKPOINT_NAME.match(name)
-    if match is None or any(part.lower() in _TEMPORARY for part in match.group(2).split(".")):
+    if match is None or any(_TEMPORARY.fullmatch(part.lower()) for part in match.group(2).split(".")):
         return None
     return int(match.group(1))
 

@@ -44,9 +44,13 @@ class Undelivered:
 
     points: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[tuple[int, str, float | None]] = field(default_factory=list)
+    # Steps whose files are gone but whose records the server may hold, and the newest record that
+    # still exists to carry their deletion when no new checkpoint is left to.
+    deleted: list[int] = field(default_factory=list)
+    carrier: tuple[int, str, float | None] | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.points or self.checkpoints)
+        return bool(self.points or self.checkpoints or self.deleted)
 
 
 class MetricsTail:
@@ -292,7 +296,10 @@ class HttpReporter:
 
     def _leftovers(self) -> Undelivered:
         with self._records_lock:
-            left = Undelivered(checkpoints=list(self._checkpoints))
+            left = Undelivered(checkpoints=list(self._checkpoints), deleted=sorted(self._deleted))
+            surviving = [step for step in self._recorded if step not in self._deleted]
+            if surviving:
+                left.carrier = (max(surviving), *self._recorded[max(surviving)])
         while True:
             points, end = self._tail.read()
             self._tail.advance(end)

@@ -190,8 +190,15 @@ class Run:
             del left.points[:5000]
         while left.checkpoints:
             step, uri, objective = left.checkpoints[0]
-            client.post_checkpoint(self.trial_id, self.lease_id, step, uri, objective)
+            client.post_checkpoint(self.trial_id, self.lease_id, step, uri, objective, deleted=left.deleted)
             left.checkpoints.pop(0)
+            left.deleted = []
+        if left.deleted and left.carrier is not None:
+            # Records of files the run deleted go before the trial ends (a resume must never be
+            # offered a deleted checkpoint): re-sent on the newest surviving record.
+            step, uri, objective = left.carrier
+            client.post_checkpoint(self.trial_id, self.lease_id, step, uri, objective, deleted=left.deleted)
+            left.deleted = []
 
     def _final_call(self, client: ServerClient) -> None:
         assert self.outcome is not None
