@@ -43,11 +43,11 @@ class Settings:
             database_url=env.get("HPO_DATABASE_URL", defaults.database_url),
             artifact_root=Path(env.get("HPO_ARTIFACT_ROOT", str(defaults.artifact_root))),
             api_token=env.get("HPO_API_TOKEN") or None,
-            lease_seconds=_number(env, "HPO_LEASE_SECONDS", defaults.lease_seconds),
-            max_body_bytes=int(_number(env, "HPO_MAX_BODY_BYTES", defaults.max_body_bytes)),
+            lease_seconds=number_setting(env, "HPO_LEASE_SECONDS", defaults.lease_seconds),
+            max_body_bytes=int(number_setting(env, "HPO_MAX_BODY_BYTES", defaults.max_body_bytes)),
             execution_policy=policy,
             session_secret=env.get("HPO_SESSION_SECRET") or None,
-            bayesian_processes=int(_number(env, "HPO_BAYESIAN_PROCESSES", defaults.bayesian_processes)),
+            bayesian_processes=int(number_setting(env, "HPO_BAYESIAN_PROCESSES", defaults.bayesian_processes)),
         )
         settings.validate()
         return settings
@@ -67,7 +67,8 @@ class Settings:
             raise SettingsError("HPO_SESSION_SECRET must be at least 32 characters (e.g. `openssl rand -hex 32`)")
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
+def number_setting(env: Mapping[str, str], name: str, default: float) -> float:
+    """`name` from `env` as a number (`default` when unset or empty); SettingsError naming it otherwise."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpo.settings import SettingsError
+from hpo.settings import number_setting as _number
 
 
 @dataclass(frozen=True)
@@ -69,16 +70,6 @@ def default_secret_file(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     state = env.get("XDG_STATE_HOME") or str(Path("~/.local/state").expanduser())
     return Path(state) / "hpo" / "session-secret"
-
-
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
 
 
 def _integer(env: Mapping[str, str], name: str, default: int) -> int:
