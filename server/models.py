@@ -156,6 +156,9 @@ class Trial(Base):
     # How many metric points the trial holds (the quota, results.record_metrics), kept as points
     # are added and cut; NULL on trials from before it was kept: counted at their next write.
     point_count: Mapped[int | None] = mapped_column(Integer, default=0)
+    # Hyperparameter names the script never read (hpo.session) nor got through a placeholder, as
+    # the worker saw them at the end of the last attempt; NULL when unknown (migration 0010).
+    unread_params: Mapped[list[str] | None] = mapped_column(JsonDocument)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
