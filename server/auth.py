@@ -139,6 +139,23 @@ def token_count(db: Database) -> int:
         return int(session.scalar(select(func.count()).select_from(ApiToken)) or 0)
 
 
+# The name a note says it was written with when the caller used HPO_API_TOKEN (it has no record).
+ENV_TOKEN_NAME = "HPO_API_TOKEN"
+
+
+def author_name(db: Database, principal: Principal | None) -> str | None:
+    """The name a principal's writes are signed with (a note's author): its token's name, the
+    token's number when it was created without one, `HPO_API_TOKEN` for that token; None when
+    the server needs no token (no principal) or for a trial token."""
+    if principal is None or principal.role == "trial":
+        return None
+    if principal.token_id is None:
+        return ENV_TOKEN_NAME
+    with db.transaction() as session:
+        name = session.scalar(select(ApiToken.name).where(ApiToken.id == principal.token_id))
+    return name or f"token {principal.token_id}"
+
+
 def _role_of_hash(db: Database, token_hash: str) -> tuple[int, str] | None:
     with db.transaction() as session:
         row = session.execute(

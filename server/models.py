@@ -208,6 +208,25 @@ class CurveStat(Base):
     s1: Mapped[int | None] = mapped_column(Integer)
 
 
+class TrialAttempt(Base):
+    """One attempt of a trial: a claim opens it (in the claim's statement), and whatever ends the
+    lease closes it in the same transaction (hpo.server.leases): `outcome` is `completed`, a fail
+    kind (`error`, `infeasible`, `config`, `preempted`), `expired` (the reaper) or `cancelled`;
+    NULL, with no `ended_at`, while it runs. A claim handed back unrun deletes its row. The
+    dashboard's timeline draws one bar per row. Trials from before migration 0011 have none.
+    No foreign key, as for metric_points: its check would cost every claim, and nothing deletes
+    trials."""
+
+    __tablename__ = "trial_attempts"
+
+    trial_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    outcome: Mapped[str | None] = mapped_column(String(16))
+
+
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("trial_id", "attempt", "step"),)
@@ -256,6 +275,9 @@ class Note(Base):
     trial_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     body: Mapped[str] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Who saved it last: the API token's name (a dashboard session's: the token it signed in with);
+    # NULL when the server needs no token, or for notes from before 0011 (hpo.server.notes).
+    author: Mapped[str | None] = mapped_column(String(200))
 
 
 class BayesianState(Base):

@@ -39,15 +39,25 @@ def _target(session: Any, study_id: int | None, trial_id: int | None) -> tuple[i
 
 
 def get_note(db: Database, *, study_id: int | None = None, trial_id: int | None = None) -> dict[str, Any]:
-    """`{body, updated_at}` of the note on a study or a trial ("" and None when none was written)."""
+    """`{body, updated_at, author, html}` of the note on a study or a trial ("" and None when none
+    was written)."""
     with db.transaction() as session:
         key = _target(session, study_id, trial_id)
         note = session.get(Note, key)
         return _public(note)
 
 
-def set_note(db: Database, body: str, *, study_id: int | None = None, trial_id: int | None = None) -> dict[str, Any]:
-    """Replaces the note; an empty body keeps an empty note (the history is the writer's)."""
+def set_note(
+    db: Database,
+    body: str,
+    *,
+    author: str | None = None,
+    study_id: int | None = None,
+    trial_id: int | None = None,
+) -> dict[str, Any]:
+    """Replaces the note, signed by `author` (hpo.server.auth.author_name: the writer's token
+    name, None without authentication); an empty body keeps an empty note (the history is the
+    writer's)."""
     if len(body) > MAX_NOTE_CHARS:
         raise InvalidInput.one("body", f"a note holds at most {MAX_NOTE_CHARS} characters, got {len(body)}")
     with db.transaction() as session:
@@ -55,10 +65,10 @@ def set_note(db: Database, body: str, *, study_id: int | None = None, trial_id: 
         note = session.get(Note, key)
         now = datetime.now(timezone.utc)
         if note is None:
-            note = Note(study_id=key[0], trial_id=key[1], body=body, updated_at=now)
+            note = Note(study_id=key[0], trial_id=key[1], body=body, updated_at=now, author=author)
             session.add(note)
         else:
-            note.body, note.updated_at = body, now
+            note.body, note.updated_at, note.author = body, now, author
         session.flush()
         return _public(note)
 
@@ -74,6 +84,12 @@ def study_notes(db: Database, study_id: int) -> dict[int, str]:
 
 def _public(note: Note | None) -> dict[str, Any]:
     if note is None:
-        return {"body": "", "updated_at": None, "html": ""}
-    at = note.updated_at
-    return {"body": note.body, "updated_at": at.isoformat() if at is not None else None, "html": render(note.body)}
+        return {"body": "", "updated_at": None, "author": None, "html": ""}
+    return {"body": note.body, "updated_at": _utc(note.updated_at), "author": note.author, "html": render(note.body)}
+
+
+def _utc(at: datetime | None) -> str | None:
+    """ISO 8601 in UTC whatever the connection's time zone (SQLite hands back naive UTC)."""
+    if at is None:
+        return None
+    return (at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at.astimezone(timezone.utc)).isoformat()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from .. import charts, notes
+from .. import auth, charts, notes
 from ..analysis import memo
 from ..charts import ChartKind
 from ..trial_table import SORT_KEYS, TableQuery, parse_param_filters, trial_table
@@ -25,7 +25,11 @@ class NoteIn(BaseModel):
 
 class NoteOut(BaseModel):
     body: str
-    updated_at: str | None
+    updated_at: str | None = Field(description="when it was last saved (ISO 8601, UTC)")
+    author: str | None = Field(
+        description="the name of the token that saved it last (a dashboard session's: the token it signed in "
+        "with; `HPO_API_TOKEN` for that one); null without authentication"
+    )
     html: str = Field(description="the body rendered as Markdown (CommonMark, raw HTML escaped)")
 
 
@@ -105,8 +109,8 @@ def get_study_note(db: DatabaseDep, study_id: StudyId) -> dict[str, Any]:
 
 
 @router.put("/studies/{study_id}/note", response_model=NoteOut)
-def put_study_note(db: DatabaseDep, study_id: StudyId, note: NoteIn = Body(...)) -> dict[str, Any]:
-    return notes.set_note(db, note.body, study_id=study_id)
+def put_study_note(db: DatabaseDep, request: Request, study_id: StudyId, note: NoteIn = Body(...)) -> dict[str, Any]:
+    return notes.set_note(db, note.body, author=_author(db, request), study_id=study_id)
 
 
 @router.get("/trials/{trial_id}/note", response_model=NoteOut)
@@ -115,5 +119,10 @@ def get_trial_note(db: DatabaseDep, trial_id: TrialId) -> dict[str, Any]:
 
 
 @router.put("/trials/{trial_id}/note", response_model=NoteOut)
-def put_trial_note(db: DatabaseDep, trial_id: TrialId, note: NoteIn = Body(...)) -> dict[str, Any]:
-    return notes.set_note(db, note.body, trial_id=trial_id)
+def put_trial_note(db: DatabaseDep, request: Request, trial_id: TrialId, note: NoteIn = Body(...)) -> dict[str, Any]:
+    return notes.set_note(db, note.body, author=_author(db, request), trial_id=trial_id)
+
+
+def _author(db: DatabaseDep, request: Request) -> str | None:
+    """Who signs a note: the caller's token name (hpo.server.auth sets the principal)."""
+    return auth.author_name(db, getattr(request.state, "principal", None))

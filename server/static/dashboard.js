@@ -163,6 +163,12 @@
     return (s / 86400).toFixed(1) + " d";
   };
 
+  // "author · 2026-11-25 05:43 UTC", as the page writes it (the author: the saving token's name).
+  function noteSaved(note) {
+    var at = note.updated_at.slice(0, 16).replace("T", " ") + " UTC";
+    return note.author ? note.author + " · " + at : "saved " + at;
+  }
+
   // Notes: Markdown in a textarea, saved with PUT (a write role is needed once tokens exist); the
   // server renders it (raw HTML escaped), so the view shows the server's HTML as it is.
   function setupNote() {
@@ -172,6 +178,7 @@
     var status = box.querySelector(".note-status");
     var view = box.querySelector(".note-view");
     var preview = box.querySelector(".preview-note");
+    var saved = box.querySelector(".note-saved");
     if (preview) preview.addEventListener("click", function () {
       fetch("/api/v1/notes/preview", { method: "POST", credentials: "same-origin",
         headers: { "Content-Type": "application/json", Accept: "application/json" },
@@ -192,6 +199,7 @@
         return r.json().then(function (b) {
           status.textContent = r.ok ? "saved" : "not saved: " + (b.message || b.detail || r.status);
           if (r.ok && view) view.innerHTML = b.html || '<p class="muted">No notes yet.</p>';
+          if (r.ok && saved && b.updated_at) saved.textContent = noteSaved(b);
         });
       }).catch(function (e) { status.textContent = "not saved: " + e; });
     });

@@ -289,7 +289,7 @@ def test_bayesian_section_draws_best_so_far_and_the_model_bands(site: dict, driv
 
 def test_controls_answer_in_place_and_a_note_never_runs_script(site: dict, driver: Any) -> None:
     """Issue 25: the arm table's Replicate control creates replicas and says so without a reload;
-    a `<script>` in a note is shown as text and never runs."""
+    a `<script>` in a note is shown as text and never runs; a note saved from the page shows when."""
     client, sid = site["client"], site["study"]["id"]
     body = "**bold** <script>window.pwned = 1</script> <img src=x onerror='window.pwned = 2'>"
     assert client.put(f"/api/v1/studies/{sid}/note", json={"body": body}).status_code == 200
@@ -309,3 +309,19 @@ def test_controls_answer_in_place_and_a_note_never_runs_script(site: dict, drive
     after = client.get(f"/api/v1/studies/{sid}/trials", params={"limit": 1000}).json()["items"]
     assert len(after) == before + 2 and all(int(i) in {t["id"] for t in after} for i in re.findall(r"\d+", text))
     assert driver.execute_script("return window.pwned === undefined") and not errors(driver)
+
+    # a trial's first note, saved from its page, shows at once with when it was saved (no token
+    # here: no author's name)
+    tid = client.get(f"/api/v1/studies/{sid}/trials", params={"limit": 1}).json()["items"][0]["id"]
+    driver.get(f"{site['url']}/trials/{tid}")
+    assert driver.execute_script("return document.querySelector('.note-saved').textContent") == ""
+    driver.execute_script(
+        "var box = document.getElementById('note'); box.querySelector('textarea').value = '*saved* here';"
+        " box.querySelector('.save-note').click()"
+    )
+    saved = wait(driver, "var s = document.querySelector('.note-saved').textContent; return s.length > 0 && s")
+    stored = client.get(f"/api/v1/trials/{tid}/note").json()
+    assert stored["body"] == "*saved* here" and stored["author"] is None
+    assert saved == f"saved {stored['updated_at'][:16].replace('T', ' ')} UTC"
+    assert driver.execute_script("return document.querySelector('.note-view em').textContent") == "saved"
+    assert not errors(driver)

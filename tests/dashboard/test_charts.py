@@ -118,7 +118,8 @@ def test_trial_table_sorts_filters_and_pages(client: httpx.Client, study: dict) 
 
 def test_notes_are_stored_and_shown(client: httpx.Client, study: dict) -> None:
     sid = study["id"]
-    assert client.get(f"/api/v1/studies/{sid}/note").json() == {"body": "", "updated_at": None, "html": ""}
+    empty = {"body": "", "updated_at": None, "author": None, "html": ""}
+    assert client.get(f"/api/v1/studies/{sid}/note").json() == empty
     saved = client.put(f"/api/v1/studies/{sid}/note", json={"body": "lr range too narrow"})
     assert saved.status_code == 200 and saved.json()["updated_at"]
     trial = analysis(client, sid)["arms"][0]["best_trial_id"]
