@@ -21,6 +21,7 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
 from .analysis import memo, queries
+from .analysis.aliases import aliases_of, metric_name, missing_metric, setting
 from .analysis.arms import arm_summaries
 from .analysis.divergence import load_trials
 from .analysis.model import TrialSummary, arm_label, fmt
@@ -30,6 +31,7 @@ from .analysis.space import Dimension, dimensions
 from .db import Database
 from .errors import InvalidInput, NotFound
 from .models import Trial
+from .spec import ANALYSIS_METRICS
 
 ChartKind = Literal[
     "progress",
@@ -800,8 +802,12 @@ def downsampled(session: Session, trial_ids: Sequence[int], name: str, width: in
 def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
     """Curves of `metric` (default: the objective) for the best `limit` original trials
     (`CURVES_SHOWN` by default) and the replicas of those (rank None, `replica_of` set), optionally
-    of one `arm` (its label), downsampled to about `points` points."""
+    of one `arm` (its label), downsampled to about `points` points. hpo's `train/loss` reads the
+    script's own name where `analysis.aliases` maps one onto it (`reported_as`); `missing` says in
+    words when trials reported but none of them `metric`."""
     metric = str(options.get("metric") or study.metric)
+    aliases = aliases_of(study.spec)
+    own = metric_name(aliases, metric)
     limit = int(options.get("limit") or CURVES_SHOWN)
     points = int(options.get("points") or CURVE_POINTS)
     sign = _sign(study)
@@ -820,7 +826,7 @@ def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any])
     ranks = {t.id: rank for rank, t in enumerate(ranked, start=1)}
     horizon = horizon_of(session, study) or 1.0
     width = max(1, math.ceil(horizon / max(points, 2)))
-    raw = downsampled(session, [t.id for t in chosen], metric, width)
+    raw = downsampled(session, [t.id for t in chosen], own, width)
     curves: list[dict[str, Any]] = []
     for t in chosen:
         steps, values = raw.get(t.id, ([], []))
@@ -841,8 +847,11 @@ def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any])
         )
     log = is_loss(metric) and all(v is None or v > 0 for c in curves for v in c["values"])
     every = np.array([v for c in curves for v in c["values"] if v is not None], dtype=float)
+    reported = any(t.objective is not None for t in chosen)  # they reported, but not this metric
     return {
         "metric_name": metric,
+        "reported_as": own,
+        "missing": missing_metric(aliases, metric) if reported and not curves else None,
         "curves": curves,
         "log_y": log,
         "y_range": robust_range(every, log) if len(every) else None,
@@ -873,24 +882,38 @@ def trial_curves(db: Database, trial_id: int, points: int = 400) -> dict[str, An
         last = session.execute(text("SELECT max(step) FROM metric_points WHERE trial_id = :id"), {"id": trial_id})
         horizon = horizon_of(session, study) or float(last.scalar() or 1)
         width = max(1, math.ceil(horizon / points))
+        aliases = aliases_of(study.spec)
+        hpo_name = {metric_name(aliases, n): n for n in ANALYSIS_METRICS if metric_name(aliases, n) != n}
         metrics = []
         for name in names:
             steps, values = downsampled(session, [trial_id], name, width).get(trial_id, ([], []))
-            log = is_loss(name) and all(v is None or v > 0 for v in values)
+            alias = hpo_name.get(name)  # the script's own name for one of hpo's (analysis.aliases)
+            log = is_loss(alias or name) and all(v is None or v > 0 for v in values)
             # one trial's own curve: every point in view (robust limits are for many curves)
-            metrics.append({"name": name, "steps": steps, "values": values, "log_y": log, "y_range": None})
-        metrics.sort(key=lambda m: (m["name"] != study.metric, not is_loss(m["name"]), m["name"]))
-        clip = (row.params or {}).get("grad_clip_norm")
+            metrics.append(
+                {"name": name, "alias": alias, "steps": steps, "values": values, "log_y": log, "y_range": None}
+            )
+        metrics.sort(key=lambda m: (m["name"] != study.metric, not is_loss(m["alias"] or m["name"]), m["name"]))
+        clip = setting(aliases, "grad_clip_norm", row.params or {}, study.spec)
+        # The names the analysis reads that this trial never reported, in words (once it reported any).
+        missing = [missing_metric(aliases, n) for n in ANALYSIS_METRICS if metric_name(aliases, n) not in names]
+        missing = missing if names else []
         return json_safe(
             {
                 "trial_id": trial_id,
                 "status": row.status.value,
                 "objective": study.metric,
                 "best_step": row.best_step,
-                "grad_clip_norm": clip,
+                "grad_clip_norm": clip if _positive(clip) else None,
+                "grad_norm_metric": metric_name(aliases, "train/grad_norm"),
                 "metrics": metrics,
+                "missing": missing,
             }
         )
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 # --- charts drawn from the report plots' data ---------------------------------------------------
@@ -904,11 +927,14 @@ def _grad_norm(db: Database, study_id: int, _options: dict[str, Any]) -> dict[st
         ids = [int(e["trial_id"]) for e in data["entries"]]
         rows = session.execute(select(Trial.id, Trial.params).where(Trial.id.in_(ids))).all() if ids else []
         clips: dict[int, Any] = {r.id: r.params for r in rows}
+        spec = queries.study_info(session, study_id).spec
+    aliases = aliases_of(spec)
     entries = []
     for e in data["entries"]:
         curve = e.get("curve")
         steps, values = _thin(curve.steps, curve.values) if curve is not None and len(curve) else ([], [])
-        clip = (clips.get(e["trial_id"]) or {}).get("grad_clip_norm")
+        clip = setting(aliases, "grad_clip_norm", clips.get(e["trial_id"]) or {}, spec)
+        clip = clip if _positive(clip) else None
         entries.append(
             {
                 "id": e["trial_id"],
@@ -919,7 +945,14 @@ def _grad_norm(db: Database, study_id: int, _options: dict[str, Any]) -> dict[st
                 "values": values,
             }
         )
-    return {"kind": "grad_norm", "study": data["study"], "metric": data["metric"], "entries": entries}
+    return {
+        "kind": "grad_norm",
+        "study": data["study"],
+        "metric": data["metric"],
+        "reported_as": data["grad_metric"],
+        "missing": data["missing"],
+        "entries": entries,
+    }
 
 
 def _thin(steps: np.ndarray, values: np.ndarray, points: int = 400) -> tuple[list[float], list[float | None]]:

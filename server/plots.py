@@ -307,7 +307,8 @@ def grad_norm_plot(data: dict[str, Any]) -> Figure:
     trial of each arm, with the 90th percentile (playbook: a clipping threshold to start from)."""
     fig = _figure(WIDTH, 4.4)
     step_ax, hist_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    _title(fig, data, "train/grad_norm (unclipped)")
+    own = data.get("grad_metric") or "train/grad_norm"
+    _title(fig, data, "train/grad_norm (unclipped)" + (f", reported as {own}" if own != "train/grad_norm" else ""))
     drawn = False
     for i, entry in enumerate(data["entries"]):
         curve, color = entry.get("curve"), COLORS[i % len(COLORS)]
@@ -324,7 +325,8 @@ def grad_norm_plot(data: dict[str, Any]) -> Figure:
                 ax.axvline(entry["p90"], color=color, linestyle="--", label=f"p90 = {entry['p90']:.3g}")
             step_ax.axhline(entry["p90"], color=color, linestyle="--", linewidth=0.8)
     if not drawn:
-        _empty(step_ax, "no train/grad_norm reported")
+        missing = (data.get("missing") or {}).get("message") or "no train/grad_norm reported"
+        _empty(step_ax, missing.replace(": ", ":\n", 1))
         return fig
     step_ax.set_yscale("log")
     hist_ax.set_xscale("log")

@@ -190,11 +190,16 @@ def judge(
     *,
     chance: tuple[float, float] | None = None,
     rule: Rule = Rule(),
+    train_loss: str = TRAIN_LOSS,
 ) -> str | None:
     """Why a run has diverged, or None (the rules of the module doc, in order). `curves` holds
     its training and validation losses and its objective by name (any may be missing);
-    `chance` is the objective's (chance, perfect) where known. The reason starts with its kind
-    (`training loss diverged: ...`)."""
+    `chance` is the objective's (chance, perfect) where known; `train_loss` is the name the run
+    reports its training loss under (a script's own, aliased to `train/loss` in a spec's
+    `analysis.aliases`): that curve is judged as the training loss, whatever its name says. The
+    reason starts with its kind (`training loss diverged: ...`)."""
+    if train_loss != TRAIN_LOSS and train_loss in curves:
+        curves = {TRAIN_LOSS if n == train_loss else n: c for n, c in curves.items() if n != TRAIN_LOSS}
     losses = sorted((n for n in curves if is_loss(n)), key=lambda n: n != TRAIN_LOSS)
     for name in [*losses, *([objective] if objective in curves and objective not in losses else [])]:
         bad = ~np.isfinite(curves[name].values)

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..spec import ANALYSIS_METRICS
+from ..spec import ANALYSIS_METRICS, ANALYSIS_PARAMS
 from .model import TrialSummary
 from .queries import StudyInfo
 
@@ -23,6 +23,40 @@ def aliases_of(spec: Mapping[str, Any]) -> dict[str, str]:
 def metric_name(aliases: Mapping[str, str], name: str) -> str:
     """The name the script reports hpo's metric `name` under (itself without an alias)."""
     return next((k for k, v in aliases.items() if v == name and v in ANALYSIS_METRICS), name)
+
+
+def param_name(aliases: Mapping[str, str], name: str) -> str:
+    """The script's name of hpo's hyperparameter or trainer setting `name` (itself without an alias)."""
+    return next((k for k, v in aliases.items() if v == name and v in ANALYSIS_PARAMS), name)
+
+
+def setting(aliases: Mapping[str, str], name: str, params: Mapping[str, Any], spec: Mapping[str, Any]) -> Any:
+    """hpo's hyperparameter or trainer setting `name` for one trial, read under the script's own
+    name where aliased: the trial's params, else the study's trainer settings (None without)."""
+    own = param_name(aliases, name)
+    return params[own] if own in params else (spec.get("trainer") or {}).get(own)
+
+
+def missing_metric(aliases: Mapping[str, str], name: str) -> dict[str, str]:
+    """What a chart that needs metric `name` says when the study has none of it (issue 24, item 3):
+    `{name, reported_as, message}`, the message in words, pointing at `analysis.aliases` for the
+    names the analysis reads."""
+    own = metric_name(aliases, name)
+    if own != name:
+        message = f"no metric named {own} (the script's name for {name} in analysis.aliases) was reported"
+    elif name in ANALYSIS_METRICS:
+        message = f"no metric named {name}: alias your script's name in analysis.aliases (docs/analysis.md)"
+    else:
+        message = f"no metric named {name} in this study"
+    return {"name": name, "reported_as": own, "message": message}
+
+
+def filed(series: Mapping[str, Any], script: str, name: str) -> dict[str, Any]:
+    """A trial's curves by name with the script's metric `script` filed under hpo's `name`."""
+    out = dict(series)
+    if script != name and script in out:
+        out[name] = out.pop(script)
+    return out
 
 
 def _renamed(mapping: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from hpo.trainer.divergence import END_POINTS, TRAIN_LOSS, Rule, Series, chance_of, is_loss, judge
 
 from . import memo, queries
+from .aliases import aliases_of, metric_name
 from .model import Curve, TrialSummary
 from .outliers import robust_best
 
@@ -44,11 +45,18 @@ def chance_level(metric: str, classes: int | None) -> float | None:
     return None if found is None else found[0]
 
 
-def curve_names(metric: str) -> list[str]:
-    """The curves the rule reads: the objective, the training loss and the validation loss (the
+def curve_names(metric: str, train_loss: str = TRAIN_LOSS) -> list[str]:
+    """The curves the rule reads: the objective, the training loss (`train_loss`: the script's own
+    name where `analysis.aliases` maps one onto `train/loss`) and the validation loss (the
     objective's prefix with `loss`: `valid/loss` for `valid/error_rate`)."""
     prefix = metric.rsplit("/", 1)[0] + "/" if "/" in metric else ""
-    return sorted({metric, TRAIN_LOSS, prefix + "loss"})
+    return sorted({metric, train_loss, prefix + "loss"})
+
+
+def train_loss_name(study: queries.StudyInfo) -> str:
+    """The name the study's trials report their training loss under: `train/loss`, or the
+    script's own name that the spec's `analysis.aliases` maps onto it (issue 24)."""
+    return metric_name(aliases_of(study.spec), TRAIN_LOSS)
 
 
 def rule_of(study: queries.StudyInfo) -> Rule:
@@ -71,7 +79,7 @@ def load_trials(
     trials, stats = memo.in_session(
         session,
         study.id,
-        ("load_trials", horizon, rule),
+        ("load_trials", horizon, rule, train_loss_name(study)),
         lambda: _load_trials(session, study, horizon, rule),
         live=False,  # a running trial's best value follows its newest points
     )
@@ -82,8 +90,11 @@ def _load_trials(
     session: Session, study: queries.StudyInfo, horizon: float | None, rule: Rule
 ) -> tuple[list[TrialSummary], dict[str, queries.CurveStats]]:
     trials = queries.trial_summaries(session, study.id)
-    names = curve_names(study.metric)
-    stats = queries.curve_stats(session, study.id, names, horizon, TRAIN_LOSS)
+    train = train_loss_name(study)
+    names = curve_names(study.metric, train)
+    stats = queries.curve_stats(session, study.id, names, horizon, train)
+    if train != TRAIN_LOSS:  # a script's training loss is filed under hpo's name, for every reader
+        stats = {TRAIN_LOSS if n == train else n: s for n, s in stats.items() if n != TRAIN_LOSS}
     prefix = study.metric.rsplit("/", 1)[0] + "/" if "/" in study.metric else ""
     chance = chance_of(study.metric, queries.class_count(session, study.id, prefix))
     judged = [t for t in trials if _judged(t)]
@@ -92,7 +103,7 @@ def _load_trials(
     reasons = {
         tid: reason
         for tid in ids
-        if (reason := diverged(curves.get(tid, {}), study.metric, study.mode, chance, rule)) is not None
+        if (reason := diverged(curves.get(tid, {}), study.metric, study.mode, chance, rule, train)) is not None
     }
     last = _last_steps(stats)
     marked = [replace(t, diverged=reasons.get(t.id), last_step=last.get(t.id)) for t in trials]
@@ -111,10 +122,12 @@ def diverged(
     mode: str,
     chance: tuple[float, float] | None,
     rule: Rule,
+    train_loss: str = TRAIN_LOSS,
 ) -> str | None:
-    """`hpo.trainer.divergence.judge` on one trial's stored curves."""
+    """`hpo.trainer.divergence.judge` on one trial's stored curves (`train_loss`: the name its
+    training loss is stored under)."""
     series = {name: Series(c.steps, c.values) for name, c in curves.items()}
-    return judge(series, metric, mode, chance=chance, rule=rule)
+    return judge(series, metric, mode, chance=chance, rule=rule, train_loss=train_loss)
 
 
 def candidates(

@@ -14,6 +14,7 @@ from ..db import Database
 from ..errors import NotFound
 from ..models import Checkpoint, Trial
 from . import queries
+from .aliases import aliases_of, filed, metric_name, missing_metric
 from .arms import arm_summaries
 from .boundary import check_boundaries
 from .curves import OBJECTIVE_TRAIN
@@ -27,6 +28,7 @@ from .training import best_step_summary
 
 PLOT_KINDS = ("axis", "isolation", "curves", "grad_norm", "best_steps", "budget")
 CURVE_EXTRA = ("valid/loss",)
+GRAD_NORM = "train/grad_norm"
 
 
 def plot_data(db: Database, study_id: int, kind: str, trial_id: int | None = None) -> dict[str, Any]:
@@ -56,7 +58,8 @@ def _isolation(session: Session, study: queries.StudyInfo, _trial_id: int | None
 
 
 def _curves(session: Session, study: queries.StudyInfo, trial_id: int | None) -> dict[str, Any]:
-    names = sorted({study.metric, OBJECTIVE_TRAIN, *CURVE_EXTRA})
+    train = metric_name(aliases_of(study.spec), OBJECTIVE_TRAIN)  # a script's own name, filed under hpo's
+    names = sorted({study.metric, train, *CURVE_EXTRA})
     if trial_id is not None:
         _ensure_in_study(session, study.id, trial_id)
         entries: list[dict[str, Any]] = [{"trial_id": trial_id, "label": f"trial {trial_id}", "rank": 1}]
@@ -71,6 +74,8 @@ def _curves(session: Session, study: queries.StudyInfo, trial_id: int | None) ->
             for tid, rank in sorted(ranks.items(), key=lambda kv: (kv[1], kv[0]))
         ]
     ids = [int(e["trial_id"]) for e in entries]
+    if train != OBJECTIVE_TRAIN:
+        curves = {tid: filed(series, train, OBJECTIVE_TRAIN) for tid, series in curves.items()}
     return {"entries": entries, "curves": curves, "checkpoints": _checkpoints(session, ids)}
 
 
@@ -83,12 +88,17 @@ def _grad_norm(session: Session, study: queries.StudyInfo, trial_id: int | None)
         arms = arm_summaries(load_trials(session, study)[0], sign)
         entries = [{"trial_id": a["best_trial_id"], "label": a["label"]} for a in arms if a["best_trial_id"]]
     ids = [int(e["trial_id"]) for e in entries]
-    stats = {row["trial_id"]: row for row in queries.grad_norm_stats(session, ids)}
-    curves = queries.curves_of(session, ids, ["train/grad_norm"])
+    aliases = aliases_of(study.spec)
+    name = metric_name(aliases, GRAD_NORM)  # the script's own name where aliased
+    stats = {row["trial_id"]: row for row in queries.grad_norm_stats(session, ids, metric=name)}
+    curves = queries.curves_of(session, ids, [name])
     for e in entries:
         e["p90"] = stats.get(e["trial_id"], {}).get("p90")
-        e["curve"] = curves.get(int(e["trial_id"]), {}).get("train/grad_norm")
-    return {"entries": entries}
+        e["curve"] = curves.get(int(e["trial_id"]), {}).get(name)
+    # Trials that reported, none of them this metric: the study does not have it (say so, in words).
+    none = entries and all(e["curve"] is None for e in entries)
+    missing = missing_metric(aliases, GRAD_NORM) if none else None
+    return {"entries": entries, "grad_metric": name, "missing": missing}
 
 
 def _best_steps(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:

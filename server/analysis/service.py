@@ -18,7 +18,7 @@ from ..bayesian.view import bayesian_view
 from ..db import Database
 from ..models import resumed
 from . import queries
-from .aliases import aliases_of, metric_name, renamed_study, renamed_trials
+from .aliases import aliases_of, filed, metric_name, renamed_study, renamed_trials
 from .arms import arm_summaries, comparison, comparison_warnings, trial_variance
 from .boundary import boundary_warnings, check_boundaries
 from .budget import best_of_k, flattened
@@ -101,7 +101,7 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     sign = 1.0 if study.mode == "min" else -1.0
     ranks, curves = best_curves(session, trials, study.metric, sign, best_few, [train_name])
     if train_name != OBJECTIVE_TRAIN:
-        curves = {tid: _filed(series, train_name, OBJECTIVE_TRAIN) for tid, series in curves.items()}
+        curves = {tid: filed(series, train_name, OBJECTIVE_TRAIN) for tid, series in curves.items()}
     arms = arm_summaries(trials, sign)
     best_ids = [a["best_trial_id"] for a in arms if a["best_trial_id"] is not None]
     fixed = {d.name: d.value for d in dimensions(study.spec) if d.role == "fixed"}
@@ -111,7 +111,7 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     grad = queries.grad_norm_stats(session, best_ids, metric=grad_name, thresholds=clips)
     above = [t.id for _, _, _, group in neighbours_above_best(dimensions(study.spec), trials, sign) for t in group]
     above_curves = queries.curves_of(session, above, [train_name]) if above else {}
-    above_curves = {tid: _filed(series, train_name, OBJECTIVE_TRAIN) for tid, series in above_curves.items()}
+    above_curves = {tid: filed(series, train_name, OBJECTIVE_TRAIN) for tid, series in above_curves.items()}
     return StudyData(
         study=study,
         trials=trials,
@@ -127,14 +127,6 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
             if resumed(by_id[tid].best_step, step)
         },
     )
-
-
-def _filed(series: Mapping[str, Curve], script: str, name: str) -> dict[str, Curve]:
-    """A trial's curves with the script's metric `script` filed under hpo's `name`."""
-    out = dict(series)
-    if script != name and script in out:
-        out[name] = out.pop(script)
-    return out
 
 
 def best_curves(
@@ -393,19 +385,25 @@ def resumed_caveats(
             f"Arm {arm['label']}: its best trial {tid} reached its best value ({fmt(arm['best_value'])} at step "
             f"{fmt(arm['best_step'])}) in an attempt resumed from the checkpoint at step {fmt(resumed[tid])}."
         )
-        if trainer.get("command"):
-            advice = (
-                " A script's resume may not be exact (data order and random state re-seeded), so the value may differ "
-                f"from an uninterrupted run's: replicate the trial (POST /api/v1/trials/{tid}/replicas "
-                '{"count": 3}) before trusting it.'
-            )
-        else:
-            advice = (
-                " The built-in trainer resumes exactly (model, optimizer, data order and random state restored), so "
-                "the value is the one an uninterrupted run gives."
-            )
+        advice = " " + resume_advice(trainer, tid)
         out.append({"param": None, "value": None, "when": None, "message": what + advice, "trial_id": tid})
     return out
+
+
+def resume_advice(trainer: Mapping[str, Any], trial_id: int) -> str:
+    """What a value from a resumed attempt of trial `trial_id` is worth under `trainer`: exact for
+    the built-in trainer; for a command, a replica to run before trusting it (the caveat above and
+    the trial page say the same)."""
+    if trainer.get("command"):
+        return (
+            "A script's resume may not be exact (data order and random state re-seeded), so the value may differ "
+            f"from an uninterrupted run's: replicate the trial (POST /api/v1/trials/{trial_id}/replicas "
+            '{"count": 3}) before trusting it.'
+        )
+    return (
+        "The built-in trainer resumes exactly (model, optimizer, data order and random state restored), so "
+        "the value is the one an uninterrupted run gives."
+    )
 
 
 def _regularizer_caveat(regularizer: str | None) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from hpo.command_template import expand
 from .. import evidence, notes, pipelines, studies, trial_table, trials
 from ..analysis import memo, queries
 from ..analysis.model import arm_label, fmt
-from ..analysis.service import analyze_study
+from ..analysis.service import analyze_study, resume_advice
 from ..analysis.tracking import tracking_rows
 from ..charts import best_per_arm
 from ..errors import InvalidInput, NotFound
@@ -121,6 +121,7 @@ def trial_page(db: DatabaseDep, settings: SettingsDep, request: Request, trial_i
         "trial.html",
         trial=trial,
         study=study,
+        resumed=resumed_mark(db, trial, study.spec),
         params_by_role=by_role,
         checkpoints=shown,
         hidden_checkpoints=hidden,
@@ -130,6 +131,17 @@ def trial_page(db: DatabaseDep, settings: SettingsDep, request: Request, trial_i
         base_url=str(request.base_url).rstrip("/"),
         can_write=can_write(request),
     )
+
+
+def resumed_mark(db: Any, trial: Any, spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The trial page's mark of a best value reached in an attempt resumed from a checkpoint
+    (issue 24, item 4): the step resumed from and what such a value is worth (`resume_advice`:
+    exact for the built-in trainer, a replica suggested for a command). None when not resumed."""
+    if not trial.resumed:
+        return None
+    with db.transaction() as session:
+        step = queries.resume_steps(session, [trial.id]).get(trial.id)
+    return {"step": step, "advice": resume_advice(spec.get("trainer") or {}, trial.id)}
 
 
 @router.get("/pipelines/{pipeline_id}", response_class=HTMLResponse)

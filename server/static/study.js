@@ -298,7 +298,8 @@
   };
 
   draw.curves = function (d, box) {
-    if (!d.curves.length) return hpo.empty(box, d.n_trials ? "No " + d.metric_name + " reported yet." : "No trials have run yet.");
+    // A name the study does not have is said in words (analysis.aliases maps a script's own names).
+    if (!d.curves.length) return hpo.empty(box, d.missing ? d.missing.message : d.n_trials ? "No " + d.metric_name + " reported yet." : "No trials have run yet.");
     // Every curve in one trace, separated by gaps: one SVG path for 1,000 trials.
     var x = [], y = [], ids = [], text = [];
     d.curves.forEach(function (c) {
@@ -319,14 +320,15 @@
         text: c.steps.map(function (s, j) { return c.text + "<br>step " + s + ": " + hpo.fmt(c.values[j]); }), hovertemplate: HOVER,
         name: "trial " + c.id + (c.rank !== null ? " (#" + c.rank + ")" : " (replica of " + c.replica_of + ")"), line: { color: hpo.COLORS[(i + 1) % hpo.COLORS.length], width: 2.5 } });
     });
-    var yaxis = { title: { text: d.metric_name + (d.log_y ? " (log)" : "") }, type: d.log_y ? "log" : "linear" };
+    var named = d.metric_name + (d.reported_as && d.reported_as !== d.metric_name ? " (" + d.reported_as + ")" : "");
+    var yaxis = { title: { text: named + (d.log_y ? " (log)" : "") }, type: d.log_y ? "log" : "linear" };
     if (d.y_range) yaxis.range = d.y_range;
     return hpo.draw(box, traces, hpo.layout({ height: 460, xaxis: { title: { text: "step" } }, yaxis: yaxis }), "curves");
   };
 
   draw.grad_norm = function (d, box) {
     var entries = d.entries.filter(function (e) { return e.steps.length; });
-    if (!entries.length) return hpo.empty(box, d.entries.length ? "No train/grad_norm reported." : "No completed trials yet.");
+    if (!entries.length) return hpo.empty(box, d.missing ? d.missing.message : d.entries.length ? "No train/grad_norm reported." : "No completed trials yet.");
     var traces = [], shapes = [];
     entries.forEach(function (e, i) {
       var color = hpo.COLORS[i % hpo.COLORS.length];
@@ -338,7 +340,7 @@
       if (e.clip !== null && e.clip !== undefined) shapes.push(hline(e.clip, "dot"));
     });
     return hpo.draw(box, traces, hpo.layout({ shapes: shapes, xaxis: { title: { text: "step" } },
-      yaxis: { title: { text: "gradient norm (log)" }, type: "log" } }), "grad_norm");
+      yaxis: { title: { text: "gradient norm" + (d.reported_as && d.reported_as !== "train/grad_norm" ? ", " + d.reported_as : "") + " (log)" }, type: "log" } }), "grad_norm");
   };
 
   function url(kind) {

@@ -8,13 +8,13 @@
   var id = root.dataset.trialId;
   var box = document.getElementById("trial-curves");
 
-  function chartFor(name) {
+  function chartFor(name, alias) {
     var div = box.querySelector('[data-chart="' + CSS.escape(name) + '"]');
     if (div) return div;
     var fig = document.createElement("figure");
     fig.className = "chart";
     var cap = document.createElement("figcaption");
-    cap.textContent = name;
+    cap.textContent = name + (alias ? " (" + alias + " in analysis.aliases)" : "");
     div = document.createElement("div");
     div.className = "plot";
     div.dataset.chart = name;
@@ -24,7 +24,21 @@
     return div;
   }
 
+  // The names the analysis reads that this trial did not report, said in words under the charts.
+  function sayMissing(d) {
+    var list = document.getElementById("trial-missing");
+    if (!list) return;
+    list.innerHTML = "";
+    (d.missing || []).forEach(function (m) {
+      var li = document.createElement("li");
+      li.textContent = m.message;
+      li.dataset.name = m.name;
+      list.appendChild(li);
+    });
+  }
+
   function render(d) {
+    sayMissing(d);
     if (!d.metrics.length) {
       box.innerHTML = "";
       var p = document.createElement("p");
@@ -39,7 +53,7 @@
     var loading = box.querySelector("p.empty");
     if (loading) loading.remove();
     return Promise.all(d.metrics.map(function (m) {
-      var div = chartFor(m.name);
+      var div = chartFor(m.name, m.alias);
       var text = m.steps.map(function (s, i) { return "trial " + d.trial_id + "<br>step " + s + ": " + hpo.fmt(m.values[i]); });
       var traces = [{ type: "scatter", mode: "lines", x: m.steps, y: m.values, text: text, name: m.name,
         hovertemplate: "%{text}<extra></extra>", line: { color: hpo.COLORS[0], width: 1.5 } }];
@@ -50,7 +64,7 @@
         traces.push({ type: "scatter", mode: "markers", x: [m.steps[j]], y: [m.values[j]], name: "best step " + d.best_step,
           marker: { symbol: "star", size: 14, color: "gold", line: { color: "#000", width: 1 } }, hoverinfo: "name" });
       }
-      if (m.name === "train/grad_norm" && d.grad_clip_norm) {
+      if (m.name === d.grad_norm_metric && d.grad_clip_norm) {
         shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: d.grad_clip_norm, y1: d.grad_clip_norm,
           line: { color: hpo.INFEASIBLE, dash: "dot" } });
       }

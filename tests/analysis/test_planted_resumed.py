@@ -6,16 +6,20 @@ protocol (claim, metrics, checkpoint, preempted, claim again) on SQLite and Post
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from typing import Any
 
 import httpx
 import numpy as np
 
+from hpo.policy import ExecutionPolicy
 from hpo.server.analysis.service import resumed_caveats
+from hpo.settings import Settings
 from tests.analysis import planted
 from tests.analysis.protocol import API, Outcome, analysis, create, run_one
 from tests.analysis.test_planted import spec
+from tests.conftest import LiveServer
 
 RESUME_AT = 1000
 
@@ -92,6 +96,12 @@ def test_a_best_value_from_a_resumed_attempt_is_marked(client: httpx.Client) -> 
     result = analysis(client, study["id"])
     (caveat,) = [c for c in result["caveats"] if c.get("trial_id") == best_id]
     assert "resumed from the checkpoint at step 1000" in caveat["message"] and "resumes exactly" in caveat["message"]
+    # the trial page marks it, in the words: exact, for the built-in trainer
+    page = client.get(f"/trials/{best_id}").text
+    mark = page.split('id="resumed">', 1)[1].split("</p>", 1)[0]
+    assert "resumed from the checkpoint at step 1000" in mark and "The built-in trainer resumes exactly" in mark
+    assert "replicate" not in mark
+    assert 'id="resumed"' not in client.get(f"/trials/{early['trial_id']}").text  # its best came before the resume
 
 
 def test_an_uninterrupted_best_is_not_marked(client: httpx.Client) -> None:
@@ -101,6 +111,25 @@ def test_an_uninterrupted_best_is_not_marked(client: httpx.Client) -> None:
     trials = client.get(f"{API}/studies/{study['id']}/trials").json()["items"]
     assert [t["resumed"] for t in trials] == [False, False]
     assert not [c for c in analysis(client, study["id"])["caveats"] if "resumed" in c["message"]]
+
+
+def test_a_commands_resumed_trial_page_suggests_a_replica(settings: Settings) -> None:
+    policy = ExecutionPolicy(command_prefixes=(("{python}", "train.py"),))
+    with (
+        LiveServer(dataclasses.replace(settings, execution_policy=policy)) as live,
+        httpx.Client(base_url=live.url, timeout=30) as client,
+    ):
+        body = spec("resumed-command", num_trials=1)
+        body["trainer"] = {"command": ["{python}", "train.py", "{args}"], "max_train_steps": planted.HORIZON}
+        create(client, body)
+        first = claim(client)
+        valid, train = planted.clean(1, 0.05, noise=0.0005)
+        valid = type(valid)(valid.steps, np.where(valid.steps == planted.HORIZON, 0.04, valid.values))
+        run_resumed(client, first, valid, train)
+        page = client.get(f"/trials/{first['trial_id']}").text
+    mark = page.split('id="resumed">', 1)[1].split("</p>", 1)[0]
+    assert "resumed from the checkpoint at step 1000" in mark and "may not be exact" in mark
+    assert f"/api/v1/trials/{first['trial_id']}/replicas" in mark and "resumes exactly" not in mark
 
 
 def test_a_commands_resumed_best_gets_a_replica_suggestion() -> None:
