@@ -26,6 +26,7 @@ files go to `$HPO_OUT_DIR`, else `./hpo-run`.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -38,9 +39,73 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Checkpoint", "Session", "session"]
+__all__ = ["Checkpoint", "Params", "Session", "session"]
 
 _CHECKPOINT_STEP = re.compile(r"step-(\d+)")
+
+# Written at exit: which hyperparameters the script read, so the worker can warn about the ones it
+# never did (a name it ignores trains every trial at its own default, silently).
+PARAMS_READ_FILE = "params_read.json"
+
+
+class Params(dict):  # type: ignore[type-arg]
+    """The trial's hyperparameters: a plain dict that notes which names the script reads.
+
+    A name counts as read when it is looked up (`p["lr"]`, `p.get("lr")`, `pop`, `setdefault`) or
+    when the whole mapping is taken (`items()`, `values()`, `copy()`, `dict(p)`, `**p`,
+    `json.dumps(p)`, `vars`-style unpacking): the script may then use any of them. A test of
+    membership (`"lr" in p`) or a look at the names alone (`list(p)`) reads no value."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.add(str(key))
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(str(key))
+        return super().get(key, default)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self.read.add(str(key))
+        return super().pop(key, *default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.read.add(str(key))
+        return super().setdefault(key, default)
+
+    def _read_all(self) -> None:
+        self.read.update(str(key) for key in dict.__iter__(self))
+
+    def __iter__(self) -> Any:
+        # Overridden so that dict(p), {**p} and f(**p) leave CPython's fast copy, which would go
+        # around __getitem__, and read each value through it.
+        return iter(list(dict.__iter__(self)))
+
+    def items(self) -> Any:
+        self._read_all()
+        return super().items()
+
+    def values(self) -> Any:
+        self._read_all()
+        return super().values()
+
+    def copy(self) -> dict[str, Any]:
+        self._read_all()
+        return dict(super().items())
+
+    def __or__(self, other: Any) -> Any:
+        self._read_all()
+        return dict(super().items()) | other
+
+    def __reduce__(self) -> Any:  # pickling (multiprocessing, DataLoader workers) takes them all
+        self._read_all()
+        return (dict, (dict(super().items()),))
+
+    def unread(self) -> list[str]:
+        return sorted(name for name in dict.__iter__(self) if name not in self.read)
 
 
 def _format(value: float) -> str:
@@ -117,7 +182,7 @@ class Session:
             path = env.get("HPO_CONFIG")
             config = json.loads(Path(path).read_text()) if path else {}
         self.config: dict[str, Any] = dict(config)
-        self.params: dict[str, Any] = dict(self.config.get("params") or {})
+        self.params: Params = Params(self.config.get("params") or {})
         self.seed: int = int(self.config.get("seed") or 0)
         self.trainer: dict[str, Any] = dict(self.config.get("trainer") or {})
         self.objective: dict[str, Any] = dict(self.config.get("objective") or {})
@@ -134,6 +199,7 @@ class Session:
         self._names: dict[str, str] = {}
         if handle_signals:
             self._install_sigterm()
+            atexit.register(self.write_params_read)
 
     def set_rank(self, rank: int, world_size: int | None = None) -> None:
         """The process's rank as a framework that starts its own processes assigns it (Lightning's
@@ -230,6 +296,21 @@ class Session:
         if self._metrics is not None and not self._metrics.closed:
             self._sync_metrics()
             self._metrics.close()
+        self.write_params_read()
+
+    def write_params_read(self) -> None:
+        """Writes `params_read.json` (`{"read": [...], "unread": [...]}`) for the worker, which
+        reports the unread names as a warning on the trial and the study. Run at exit (and by
+        `close`); only rank 0 writes, and only under hpo (with `HPO_CONFIG`)."""
+        if not self.is_main or not self.config.get("params"):
+            return
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.out_dir / f"{PARAMS_READ_FILE}.tmp"
+            tmp.write_text(json.dumps({"read": sorted(self.params.read), "unread": self.params.unread()}))
+            os.replace(tmp, self.out_dir / PARAMS_READ_FILE)
+        except OSError:
+            pass  # a read-only or vanished folder at exit: the warning is lost, not the run
 
 
 _current: Session | None = None

@@ -78,6 +78,7 @@ def _summary(trial: dict[str, Any]) -> str:
         lines.append(f"  {trial.get('fail_kind') or 'error'}{step}: {trial['error']}")
     if trial.get("worker_id"):
         lines.append(f"  worker: {trial['worker_id']}")
+    lines.extend(f"  warning ({w['kind']}): {w['message']}" for w in trial.get("warnings") or [])
     return "\n".join(lines)
 
 

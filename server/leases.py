@@ -226,14 +226,23 @@ def _heartbeat_statement() -> Any:
     )
 
 
-def complete(db: Database, trial_id: int, lease_id: str) -> None:
+def complete(db: Database, trial_id: int, lease_id: str, unread_params: list[str] | None = None) -> None:
     with db.transaction() as session:
         trial = _leased(session, trial_id, lease_id)
         _finish(trial, TrialStatus.completed)
+        _note_unread(trial, unread_params)
         session.get_one(Study, trial.study_id).consecutive_errors = 0
 
 
-def fail(db: Database, trial_id: int, lease_id: str, kind: str, reason: str, step: int | None) -> str:
+def fail(
+    db: Database,
+    trial_id: int,
+    lease_id: str,
+    kind: str,
+    reason: str,
+    step: int | None,
+    unread_params: list[str] | None = None,
+) -> str:
     """Ends the attempt. `infeasible` and `config` are final; `error` is retried from scratch
     until the study's `max_attempts`, then `failed`; `preempted` is requeued, resumable, and uses
     no attempt. Answers the trial's new status."""
@@ -243,6 +252,7 @@ def fail(db: Database, trial_id: int, lease_id: str, kind: str, reason: str, ste
         if kind == "preempted":  # a give-back, not a failure: nothing is recorded against the trial
             _requeue(trial)
             return trial.status.value
+        _note_unread(trial, unread_params)
         trial.fail_kind, trial.error, trial.error_step = kind, reason or None, step
         if kind == "infeasible":
             _finish(trial, TrialStatus.infeasible)
@@ -256,6 +266,15 @@ def fail(db: Database, trial_id: int, lease_id: str, kind: str, reason: str, ste
                 _finish(trial, TrialStatus.failed)
             _count_error(study)
         return trial.status.value
+
+
+def _note_unread(trial: Trial, unread_params: list[str] | None) -> None:
+    """Keeps the worker's account of the hyperparameters the script never read, limited to names
+    the trial has (the account comes from the trial's own files). A preempted attempt's account is
+    not kept: the script may read a name later in the run."""
+    if unread_params is not None:
+        names = set(trial.params or {})
+        trial.unread_params = sorted({name for name in unread_params if name in names})
 
 
 def cancel(db: Database, trial_id: int) -> None:

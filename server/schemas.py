@@ -113,6 +113,10 @@ class TrialPublic(_Public):
     error: str | None
     error_step: int | None
     worker_id: str | None
+    # Hyperparameters that never reached the script (worker/command.py); None when unknown.
+    unread_params: list[str] | None = None
+    # What the trial itself tells the researcher (`unread_hyperparameter`).
+    warnings: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ClaimResources(_Request):
@@ -221,10 +225,21 @@ class CheckpointPublic(_Public):
     objective: float | str | None
 
 
+# Hyperparameter names (at most a spec's 1,000, each at most 100 characters, server/spec.py).
+UnreadParams = list[Annotated[str, Field(min_length=1, max_length=100)]] | None
+
+
+class CompleteRequest(LeaseRequest):
+    # The names that reached the script neither through a placeholder nor through hpo.session()
+    # (worker/command.py); absent when the worker cannot know.
+    unread_params: UnreadParams = Field(default=None, max_length=1000)
+
+
 class FailRequest(LeaseRequest):
     kind: Literal["infeasible", "error", "preempted", "config"]
     reason: str = Field(default="", max_length=20_000)
     step: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
+    unread_params: UnreadParams = Field(default=None, max_length=1000)
 
 
 class StudyRetryRequest(_Request):

@@ -8,6 +8,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from . import layout, studies
+from .analysis.unread import trial_warnings
 from .db import Database
 from .errors import Conflict, NotFound
 from .models import Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus, resumed
@@ -218,6 +219,8 @@ def trial_public(trial: Trial) -> TrialPublic:
         error=trial.error,
         error_step=trial.error_step,
         worker_id=trial.worker_id,
+        unread_params=trial.unread_params,
+        warnings=trial_warnings(trial.unread_params),
     )
 
 

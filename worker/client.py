@@ -179,14 +179,30 @@ class ServerClient:
             body["deleted_steps"] = deleted
         self.request("POST", f"{API}/trials/{trial_id}/checkpoints", body, retry_for)
 
-    def complete(self, trial_id: int, lease_id: str, retry_for: float = 0) -> None:
-        self.request("POST", f"{API}/trials/{trial_id}/complete", {"lease_id": lease_id}, retry_for)
+    def complete(
+        self, trial_id: int, lease_id: str, retry_for: float = 0, unread_params: list[str] | None = None
+    ) -> None:
+        """Ends the attempt as completed; `unread_params` names the hyperparameters that never
+        reached the script (None: unknown)."""
+        body: dict[str, Any] = {"lease_id": lease_id}
+        if unread_params is not None:
+            body["unread_params"] = unread_params
+        self.request("POST", f"{API}/trials/{trial_id}/complete", body, retry_for)
 
     def fail(
-        self, trial_id: int, lease_id: str, kind: str, reason: str, step: int | None = None, retry_for: float = 0
+        self,
+        trial_id: int,
+        lease_id: str,
+        kind: str,
+        reason: str,
+        step: int | None = None,
+        retry_for: float = 0,
+        unread_params: list[str] | None = None,
     ) -> str:
         """Ends the attempt as `infeasible | error | preempted | config`; answers the trial's new status."""
-        body = {"lease_id": lease_id, "kind": kind, "reason": reason[-20_000:], "step": step}
+        body: dict[str, Any] = {"lease_id": lease_id, "kind": kind, "reason": reason[-20_000:], "step": step}
+        if unread_params is not None:
+            body["unread_params"] = unread_params
         return str(self.request("POST", f"{API}/trials/{trial_id}/fail", body, retry_for).json()["status"])
 
     # -- plumbing -----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ worker), so it never trains on for a lease that is gone. The command's environme
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -39,7 +40,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hpo.collector_spec import CollectorSpec
+from hpo.command_template import used_hyperparameters
 from hpo.lifetime import die_with_parent
+from hpo.session import PARAMS_READ_FILE
 from hpo.trainer.config import Objective
 from hpo.trainer.reporters import report_deleted
 from hpo.trainer.retention import kept_steps
@@ -107,6 +110,7 @@ class CommandResult:
     status: str
     reason: str = ""
     step: int | None = None
+    unread_params: list[str] | None = None
 
 
 def is_command(config: Mapping[str, Any]) -> bool:
@@ -208,7 +212,10 @@ class CommandRun:
             # are nobody's to write once it is over (worker/confine.py).
             kill_descendants(spare=self._present)
             seal(self.s.out_dir)
-        return self.verdict(returncode, stop_reason)
+        result = self.verdict(returncode, stop_reason)
+        if self.sink is None:
+            return result
+        return dataclasses.replace(result, unread_params=unread_hyperparameters(self.s.out_dir, self.config))
 
     def start(self) -> None:
         out = self.s.out_dir
@@ -397,6 +404,35 @@ class CommandRun:
     def _stderr_tail(self) -> str:
         lines = stderr_tail(self.s.out_dir / STDERR_FILE)
         return f"; last lines of its stderr:\n{lines}" if lines else ""
+
+
+def unread_hyperparameters(out_dir: Path, config: Mapping[str, Any]) -> list[str] | None:
+    """The trial's hyperparameters that reached the script neither through a placeholder of
+    `trainer.command` nor through `hpo.session().params` (the `params_read.json` it writes at
+    exit); None when the trial uses neither, so nothing is known (a script that reads $HPO_CONFIG
+    by itself). The file is the script's: only names the trial has count."""
+    params = dict(config.get("params") or {})
+    command = [str(a) for a in (config.get("trainer") or {}).get("command") or []]
+    if not params or not command:
+        return None
+    # Only a command that passes hyperparameters by placeholder says anything about the others
+    # (`{python}` or `{out_dir}` alone do not: the script may read $HPO_CONFIG itself).
+    passed = used_hyperparameters(command, params) or None
+    read = _session_reads(out_dir / PARAMS_READ_FILE)
+    if passed is None and read is None:
+        return None
+    reached = (passed or set()) | (read or set())
+    return sorted(name for name in params if name not in reached)
+
+
+def _session_reads(path: Path) -> set[str] | None:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("read"), list):
+        return None
+    return {name for name in raw["read"] if isinstance(name, str)}
 
 
 def read_result(path: Path) -> tuple[str, str] | None:

@@ -101,6 +101,8 @@ class Outcome:
     undelivered: Undelivered = field(default_factory=Undelivered)
     started_at: float | None = None
     first_step_at: float | None = None
+    # Hyperparameters that never reached the script (worker/command.py unread_hyperparameters).
+    unread_params: list[str] | None = None
 
 
 class TrialBoard:
@@ -191,7 +193,7 @@ def run_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | None = Non
             reporter = _rank0_reporter(job, out_dir, poller)
             try:
                 result = CommandRun(settings, job.config, reporter, reporter).run()
-                outcome = Outcome(result.status, result.reason, result.step)
+                outcome = Outcome(result.status, result.reason, result.step, unread_params=result.unread_params)
             except OSError as exc:  # the program is missing or not executable on this node
                 outcome = Outcome("error", f"could not start the command {settings.argv[0]!r}: {exc}")
             return _closed(outcome, reporter, started)

@@ -208,11 +208,12 @@ class Run:
             return
         kind, reason, step = decided
         try:
+            unread = self.outcome.unread_params
             if kind == "complete":
-                client.complete(self.trial_id, self.lease_id)
+                client.complete(self.trial_id, self.lease_id, unread_params=unread)
                 status = "completed"
             else:
-                status = client.fail(self.trial_id, self.lease_id, kind, reason, step)
+                status = client.fail(self.trial_id, self.lease_id, kind, reason, step, unread_params=unread)
         except LeaseLost as exc:
             _log.info("trial %d: %s (final %s not recorded)", self.trial_id, exc, kind)
             return

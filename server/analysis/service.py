@@ -45,6 +45,8 @@ from .training import (
     max_train_steps_warnings,
     warmup_warnings,
 )
+from .unread import study_warnings as unread_warnings
+from .unread import unread_by_trial
 
 BEST_FEW = 3
 GRAD_NORM = "train/grad_norm"
@@ -65,6 +67,8 @@ class StudyData:
     above_best: dict[int, Curve]
     # Arms' best trials whose best value came from a resumed attempt: id -> the step resumed from.
     resumed: dict[int, int] = field(default_factory=dict)
+    # Hyperparameters that never reached the script (unread.study_warnings), in the spec's names.
+    unread_warnings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def sign(self) -> float:
@@ -95,6 +99,8 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     study = queries.study_info(session, study_id)
     horizon = horizon_of(session, study)
     trials, stats = load_trials(session, study, horizon)
+    varied = [d.name for d in dimensions(study.spec) if d.role != "fixed"]
+    unread = unread_warnings(unread_by_trial(session, study_id), {t.id: t.number for t in trials}, varied)
     aliases = aliases_of(study.spec)  # the script's own names read as hpo's (issue 24)
     study, trials = renamed_study(study, aliases), renamed_trials(trials, aliases)
     train_name, grad_name = metric_name(aliases, OBJECTIVE_TRAIN), metric_name(aliases, GRAD_NORM)
@@ -126,6 +132,7 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
             for tid, step in queries.resume_steps(session, best_ids).items()
             if resumed(by_id[tid].best_step, step)
         },
+        unread_warnings=unread,
     )
 
 
@@ -180,6 +187,7 @@ def analysis_of(data: StudyData) -> dict[str, Any]:
     )
     edge = instability_warnings(dims, trials, sign)
     warnings = [
+        *data.unread_warnings,
         *infeasible_warnings(infeasible),
         *outlier_warnings(trials, study.metric),
         *stopped_short_warnings(short, trials),

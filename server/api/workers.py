@@ -17,6 +17,7 @@ from ..schemas import (
     CheckpointIn,
     Claim,
     ClaimRequest,
+    CompleteRequest,
     FailRequest,
     HeartbeatAnswer,
     LeaseRequest,
@@ -114,11 +115,11 @@ def _check_trial_token(request: Request, lease_id: str) -> None:
 
 
 @router.post("/trials/{trial_id}/complete")
-def complete(db: DatabaseDep, trial_id: TrialId, body: LeaseRequest) -> dict[str, str]:
-    leases.complete(db, trial_id, body.lease_id)
+def complete(db: DatabaseDep, trial_id: TrialId, body: CompleteRequest) -> dict[str, str]:
+    leases.complete(db, trial_id, body.lease_id, body.unread_params)
     return {"status": "completed"}
 
 
 @router.post("/trials/{trial_id}/fail")
 def fail(db: DatabaseDep, trial_id: TrialId, body: FailRequest) -> dict[str, str]:
-    return {"status": leases.fail(db, trial_id, body.lease_id, body.kind, body.reason, body.step)}
+    return {"status": leases.fail(db, trial_id, body.lease_id, body.kind, body.reason, body.step, body.unread_params)}

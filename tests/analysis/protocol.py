@@ -23,6 +23,7 @@ class Outcome:
     curves: dict[str, Curve] = field(default_factory=dict)
     fail: str | None = None  # a fail reason; the trial then fails as `infeasible`
     fail_step: int | None = None
+    unread_params: list[str] | None = None  # what the worker says never reached the script
 
 
 Planter = Callable[[dict[str, Any]], Outcome]
@@ -66,11 +67,12 @@ def run_one(client: httpx.Client, claim: dict[str, Any], plant: Planter) -> None
                 "objective": best["objective_value"],
             }
             assert client.post(f"{API}/trials/{tid}/checkpoints", json=checkpoint).status_code == 201
+    unread = {} if outcome.unread_params is None else {"unread_params": outcome.unread_params}
     if outcome.fail is not None:
-        body = {"lease_id": lease, "kind": "infeasible", "reason": outcome.fail, "step": outcome.fail_step}
+        body = {"lease_id": lease, "kind": "infeasible", "reason": outcome.fail, "step": outcome.fail_step, **unread}
         reply = client.post(f"{API}/trials/{tid}/fail", json=body)
     else:
-        reply = client.post(f"{API}/trials/{tid}/complete", json={"lease_id": lease})
+        reply = client.post(f"{API}/trials/{tid}/complete", json={"lease_id": lease, **unread})
     assert reply.status_code == 200, reply.text
 
 

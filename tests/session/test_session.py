@@ -3,6 +3,7 @@ the worker reads (and nothing on ranks other than 0), answers SIGTERM through `s
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -122,3 +123,51 @@ def test_a_framework_sets_the_rank_it_assigned(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
     s.set_rank(0)
     assert s.is_main and s.world_size == 2
+
+
+def test_params_note_which_names_the_script_reads() -> None:
+    from hpo.session import Params
+
+    def read_by(use: object) -> list[str]:
+        params = Params(lr=0.1, momentum=0.9, width=64)
+        use(params)  # type: ignore[operator]
+        return sorted(params.read)
+
+    everything = ["lr", "momentum", "width"]
+    assert read_by(lambda p: p["lr"]) == ["lr"]
+    assert read_by(lambda p: p.get("momentum", 0.0)) == ["momentum"]
+    assert read_by(lambda p: ("lr" in p, list(p), len(p))) == [], "names alone are not values"
+    assert read_by(lambda p: dict(p)) == everything
+    assert read_by(lambda p: {**p}) == everything
+    assert read_by(lambda p: argparse.Namespace(**p)) == everything
+    assert read_by(lambda p: json.dumps(p)) == everything
+    assert read_by(lambda p: [p[k] for k in p if k != "width"]) == ["lr", "momentum"]
+    p = Params(lr=0.1, momentum=0.9)
+    assert isinstance(p, dict) and p == {"lr": 0.1, "momentum": 0.9} and json.loads(json.dumps(p)) == dict(p)
+
+
+def test_the_names_read_are_written_at_exit_for_the_worker(tmp_path: Path) -> None:
+    env = {**os.environ, **write_config(tmp_path, params={"learning_rate": 0.1, "momentum": 0.9})}
+    code = "import hpo; s = hpo.session(); lr = s.params['learning_rate']; s.report(1, {'train/loss': lr})"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    written = json.loads((tmp_path / "out" / "params_read.json").read_text())
+    assert written == {"read": ["learning_rate"], "unread": ["momentum"]}
+
+
+def test_the_worker_reports_names_passed_by_no_placeholder_and_read_by_no_session(tmp_path: Path) -> None:
+    from hpo.worker.command import unread_hyperparameters
+
+    params = {"lr": 0.1, "momentum": 0.9, "width": 64}
+    placeholders = {"params": params, "trainer": {"command": ["{python}", "train.py", "--lr={lr}"]}}
+    plain = {"params": params, "trainer": {"command": ["{python}", "train.py"]}}
+    assert unread_hyperparameters(tmp_path, placeholders) == ["momentum", "width"]
+    assert unread_hyperparameters(tmp_path, plain) is None, "neither path in use: unknown"
+    assert unread_hyperparameters(tmp_path, {"params": params}) is None, "the built-in trainer checks its own names"
+    (tmp_path / "params_read.json").write_text(json.dumps({"read": ["momentum", "not-a-param", 7]}))
+    assert unread_hyperparameters(tmp_path, placeholders) == ["width"]
+    assert unread_hyperparameters(tmp_path, plain) == ["lr", "width"]
+    all_args = {"params": params, "trainer": {"command": ["{python}", "train.py", "{args}"]}}
+    assert unread_hyperparameters(tmp_path, all_args) == []
+    (tmp_path / "params_read.json").write_text("[not json")
+    assert unread_hyperparameters(tmp_path, plain) is None

@@ -173,13 +173,14 @@ def test_a_tensorboard_script_reports_through_the_collector(env: Any) -> None:
     }
     study = _run(server, http, settings, spec, SCRIPTS.parent)
     (trial,) = trials(http, study)
-    assert trial["status"] == "completed", trial
+    assert trial["status"] == "completed", trial["error"]
     assert [s for s, _ in metric_steps(http, trial["id"], "train/loss")] == list(range(1, 31))
     errors = metric_steps(http, trial["id"], "valid/error_rate")
     import math
 
     lr = trial["params"]["lr"]
     assert errors == [(s, pytest.approx(0.5 * math.exp(-lr * s), rel=1e-6)) for s in (10, 20, 30)]
+    assert trial["unread_params"] == [] and trial["warnings"] == [], "lr is passed as a flag"
 
 
 @pytest.mark.slow
@@ -263,3 +264,39 @@ def test_the_reproduce_command_of_a_command_trial_runs_it_by_hand(tmp_path: Path
     points = [json.loads(line) for line in (tmp_path / "trial-42-rerun" / "metrics.jsonl").read_text().splitlines()]
     assert [p["step"] for p in points if p["name"] == "train/loss"] == list(range(1, 21))
     assert json.loads((tmp_path / "trial-42.json").read_text())["seed"] == 7
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_hyperparameter_the_script_never_reads_is_a_warning_on_the_trial_and_the_study(env: Any) -> None:
+    server, http, settings = env
+    spec = {
+        "name": "unread",
+        "objective": {"metric": "valid/error_rate", "mode": "min"},
+        "num_trials": 2,
+        "hyperparameters": [
+            {"name": "learning_rate", "role": "nuisance", "type": "float", "min": 0.01, "max": 0.1},
+            {"name": "momentum", "role": "nuisance", "type": "float", "min": 0.5, "max": 0.99},
+            {"name": "width", "role": "fixed", "value": 32},
+        ],
+        "trainer": {
+            "command": ["{python}", "session_counter.py", "--width={width}"],
+            "workdir": "scripts",
+            "max_train_steps": 20,
+            "eval_every_steps": 10,
+        },
+        "resources": {"workers": 1, "cpus_per_worker": 1, "gpus_per_worker": 0},
+    }
+    study = _run(server, http, settings, spec, SCRIPTS.parent)
+    for trial in trials(http, study):
+        assert trial["status"] == "completed", trial
+        assert trial["unread_params"] == ["momentum"], (
+            "learning_rate read through hpo.session(), width passed as a flag"
+        )
+        (warning,) = trial["warnings"]
+        assert warning["kind"] == "unread_hyperparameter" and warning["message"].startswith("momentum never reached")
+    analysis = http.get(f"/api/v1/studies/{study}/analysis").json()
+    (unread,) = [w for w in analysis["warnings"] if w["kind"] == "unread_hyperparameter"]
+    assert unread["params"] == {"momentum": 2} and "the study varies momentum" in unread["message"]
+    page = http.get(f"/trials/{trials(http, study)[0]['id']}")
+    assert page.status_code == 200 and 'id="trial-warnings"' in page.text and "momentum never reached" in page.text
