@@ -124,3 +124,72 @@ def test_a_study_of_the_example_script_counts_every_collapsed_trial(env: Any) ->
     result = check(env[1], study_id)
     reasons = {d["reason"].split(":")[0] for d in result["infeasible"]["diverged"]}
     assert reasons <= {"training loss ends no better than its initial value", "training loss diverged"}
+
+
+def seed_study(name: str, *, fixed_seed: bool) -> dict[str, Any]:
+    """The example argparse script (examples/scripts/digits_argparse.py) through `trainer.command`
+    placeholders, two arms by hidden width, one epoch; `fixed_seed` passes its `--fixed-seed`, so
+    it seeds itself with a constant and ignores `--seed={seed}`, as the issue's script did. The
+    objective is the validation loss: continuous, so runs that use their seeds never tie."""
+    command = [sys.executable, "digits_argparse.py", "--lr={learning_rate}", "--hidden={hidden}", "--seed={seed}"]
+    return {
+        "name": name,
+        "objective": {"metric": "valid/loss", "mode": "min"},
+        "num_trials": 1,
+        "hyperparameters": [
+            {"name": "hidden", "role": "scientific", "type": "categorical", "values": [16, 64]},
+            {"name": "learning_rate", "role": "fixed", "value": 0.2},
+        ],
+        "trainer": {
+            "command": [*command, "--epochs", "1", *(["--fixed-seed"] if fixed_seed else [])],
+            "metrics": "stdout",
+            "workdir": "examples/scripts",
+            "max_train_steps": 23,
+            "eval_every_steps": 23,
+        },
+        "resources": RESOURCES,
+        "max_attempts": 1,
+    }
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_replicas_of_a_script_that_ignores_the_seed_give_no_verdict(env: Any) -> None:
+    """Issue 24, item 6: the example script in its mode that ignores the seed gets `seed_ignored`
+    and no `different` verdict; with the seed passed through, the same study gets a verdict. One
+    real worker runs both studies: each arm's trial with 1 replica (seed ignored: one identical
+    replica already tells) or 2 (seed used: the Welch comparison needs two per arm)."""
+    server, http, settings = env
+    studies = {}
+    for fixed, count in ((True, 1), (False, 2)):
+        study = create_study(http, seed_study(f"real-seed-{'fixed' if fixed else 'passed'}", fixed_seed=fixed))
+        for trial in trials(http, study["id"]):
+            reply = http.post(f"{API}/trials/{trial['id']}/replicas", json={"count": count})
+            assert reply.status_code == 201, reply.text
+        studies[fixed] = study["id"]
+    options = WorkerOptions(
+        server_url=server.url,
+        artifact_root=settings.artifact_root,
+        idle_poll_seconds=0.2,
+        policy=ExecutionPolicy().merged(command_prefixes=(shlex.join([sys.executable, "digits_argparse.py"]),)),
+        workdir_root=REPO,
+        warm_up=False,
+    )
+    Worker(options).run(until=lambda: all(study_done(http, s)() for s in studies.values()))
+    results = {}
+    for fixed, study_id in studies.items():
+        runs = trials(http, study_id)
+        assert [t["status"] for t in runs] == ["completed"] * len(runs), runs
+        results[fixed] = http.get(f"{API}/studies/{study_id}/analysis").json()
+    ignored, passed = results[True], results[False]
+    # the seed ignored: every run of an arm returned the same value at the same step
+    for arm in ignored["arms"]:
+        assert arm["seed_ignored"] is True and arm["replica_std"] is None, arm
+        assert arm["replica_values"] == [arm["best_value"]]
+    assert ignored["comparison"]["verdict"] == "unknown" and ignored["comparison"]["p_value"] is None
+    assert sorted(ignored["comparison"]["seed_ignored_arms"]) == ["hidden=16", "hidden=64"]
+    assert [w["kind"] for w in ignored["warnings"] if w["kind"] == "seed_ignored"] == ["seed_ignored"] * 2
+    # the seed passed through: replicas differ, the comparison runs and gives a verdict
+    assert all(a["seed_ignored"] is False and a["replica_std"] > 0 for a in passed["arms"]), passed["arms"]
+    assert passed["comparison"]["verdict"] in ("different", "within_noise"), passed["comparison"]
+    assert passed["comparison"]["method"] == "welch" and passed["comparison"]["p_value"] is not None
+    assert "seed_ignored" not in {w["kind"] for w in passed["warnings"]}
