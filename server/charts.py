@@ -21,7 +21,7 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
 from .analysis import memo, queries
-from .analysis.aliases import aliases_of, metric_name, missing_metric, setting
+from .analysis.aliases import CHECKED_METRICS, aliases_of, metric_name, missing_metric, setting
 from .analysis.arms import arm_summaries
 from .analysis.divergence import load_trials
 from .analysis.model import TrialSummary, arm_label, fmt
@@ -896,7 +896,7 @@ def trial_curves(db: Database, trial_id: int, points: int = 400) -> dict[str, An
         metrics.sort(key=lambda m: (m["name"] != study.metric, not is_loss(m["alias"] or m["name"]), m["name"]))
         clip = setting(aliases, "grad_clip_norm", row.params or {}, study.spec)
         # The names the analysis reads that this trial never reported, in words (once it reported any).
-        missing = [missing_metric(aliases, n) for n in ANALYSIS_METRICS if metric_name(aliases, n) not in names]
+        missing = [missing_metric(aliases, n) for n in CHECKED_METRICS if metric_name(aliases, n) not in names]
         missing = missing if names else []
         return json_safe(
             {

@@ -191,7 +191,8 @@ ANALYSIS_PARAMS = (
     "dropout",
     "label_smoothing",
 )
-ANALYSIS_METRICS = ("train/loss", "train/grad_norm")
+# train/learning_rate is read by the dashboard only (the trial page's learning-rate curve).
+ANALYSIS_METRICS = ("train/loss", "train/grad_norm", "train/learning_rate")
 
 
 class AnalysisSettings(_Strict):

@@ -13,6 +13,9 @@ from ..spec import ANALYSIS_METRICS, ANALYSIS_PARAMS
 from .model import TrialSummary
 from .queries import StudyInfo
 
+# The metrics the checks read: a trial page says in words when a trial reported none of one.
+CHECKED_METRICS = ("train/loss", "train/grad_norm")
+
 
 def aliases_of(spec: Mapping[str, Any]) -> dict[str, str]:
     """The spec's aliases, script name -> hpo name (empty without any)."""

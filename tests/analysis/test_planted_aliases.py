@@ -46,7 +46,8 @@ def script_spec(name: str, aliases: dict[str, str] | None) -> dict[str, Any]:
 def plant(config: dict[str, Any]) -> Outcome:
     config = {**config, "params": {**config["params"], "learning_rate": config["params"]["lr"]}}
     valid, train = planted.clean(config["number"], 0.1 + 0.3 * (unit_lr(config) - 0.5) ** 2)
-    return Outcome({"valid/error_rate": valid, "loss": train, "gnorm": grad_norms(config["number"], train.steps)})
+    gnorm, lr = grad_norms(config["number"], train.steps), planted.Curve(train.steps, np.full(train.steps.size, 0.01))
+    return Outcome({"valid/error_rate": valid, "loss": train, "gnorm": gnorm, "sched": lr})
 
 
 @pytest.fixture
@@ -79,7 +80,12 @@ def charts_read_aliased_names(client: httpx.Client, db: Database, study_id: int,
     assert len(curves["curves"]) == 12 and all(c["values"][0] > 1.0 for c in curves["curves"])
     trial = client.get(f"{API}/trials/{best_id}/curves").json()
     aliased = {m["name"]: m["alias"] for m in trial["metrics"]}
-    assert aliased == {"valid/error_rate": None, "loss": "train/loss", "gnorm": "train/grad_norm"}
+    assert aliased == {
+        "valid/error_rate": None,
+        "loss": "train/loss",
+        "gnorm": "train/grad_norm",
+        "sched": "train/learning_rate",
+    }
     assert trial["grad_norm_metric"] == "gnorm" and trial["grad_clip_norm"] == CLIP and trial["missing"] == []
     assert next(m for m in trial["metrics"] if m["name"] == "loss")["log_y"] is True
     png = plot_data(db, study_id, "curves")  # the report plots read them too
@@ -101,14 +107,14 @@ def charts_say_what_they_need(client: httpx.Client, study_id: int) -> None:
     tid = client.get(f"{API}/studies/{study_id}/trials").json()["items"][0]["id"]
     trial = client.get(f"{API}/trials/{tid}/curves").json()
     assert [m["message"] for m in trial["missing"]] == [NO_TRAIN_LOSS, NO_GRAD_NORM]
-    assert {m["name"] for m in trial["metrics"]} == {"valid/error_rate", "loss", "gnorm"}
+    assert {m["name"] for m in trial["metrics"]} == {"valid/error_rate", "loss", "gnorm", "sched"}
     assert all(m["alias"] is None for m in trial["metrics"]) and trial["grad_clip_norm"] is None
     svg = client.get(f"{API}/studies/{study_id}/plots/grad_norm", params={"format": "svg"})
     assert svg.status_code == 200 and "alias your script" in svg.text
 
 
 def test_aliased_names_drive_the_checks(client: httpx.Client, db: Database) -> None:
-    body = script_spec("aliased", {**ALIASES, "clip": "grad_clip_norm"})
+    body = script_spec("aliased", {**ALIASES, "clip": "grad_clip_norm", "sched": "train/learning_rate"})
     body["hyperparameters"].append({"name": "clip", "role": "fixed", "value": CLIP})
     study = create(client, body)
     run_pending(client, plant)
