@@ -5,18 +5,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
+import msgspec
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from . import objective
 from .db import Database
-from .errors import LeaseLost, NotFound, QuotaExceeded
+from .errors import Conflict, LeaseLost, NotFound, QuotaExceeded
 from .models import Checkpoint, MetricPoint, Study, Trial, TrialStatus
-from .schemas import CheckpointIn, MetricPointIn, MetricsAccepted
+from .schemas import CheckpointIn, MetricsAccepted
 from .values import to_storage
+
+_ENCODE = msgspec.json.Encoder().encode
+
+
+class Point(Protocol):
+    """A metric point as the routes decode it (`schemas.MetricPointIn`, or `wire.PointIn`)."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> float: ...
 
 # One statement for the whole batch: arrays in, so Postgres parses and plans once however many
 # points come (several times faster than executemany). Names go once each, points refer to them by
@@ -34,20 +48,19 @@ _PG_INSERT = """
 _PG_INSERT_NEW = text(_PG_INSERT + " NOTHING")
 _PG_UPSERT = text(_PG_INSERT + " UPDATE SET value = EXCLUDED.value, nonfinite = EXCLUDED.nonfinite")
 # The whole write in one statement: lock the trial (by its key alone: with its other conditions
-# the planner may prefer walking the partial index of running trials) under its lease (and only when the whole batch
-# fits in its quota as new points), upsert, count the new rows (`xmax = 0`: inserted, not
-# updated), and when the batch carries the objective metric, the best of the stored points that the
-# batch does not replace and the batch's own (one snapshot: the statement does not see its insert).
-# No row when it wrote nothing.
-_PG_ONE_STATEMENT = text(
-    """
+# the planner may prefer walking the partial index of running trials) under its lease (and only
+# when the whole batch fits in its quota as new points), insert, count the new rows, and when the
+# batch carries the objective metric, the best of the stored points that the batch does not
+# replace and the batch's own (one snapshot: the statement does not see its insert). No row when
+# it wrote nothing.
+_PG_WRITE = """
     WITH locked AS (
         SELECT id, study_id, lease_id, status, point_count FROM trials WHERE id = :trial_id FOR UPDATE
     ), trial AS (
         SELECT locked.id, s.objective_metric, s.objective_mode
         FROM locked JOIN studies s ON s.id = locked.study_id
         WHERE locked.lease_id = :lease_id AND locked.status = 'running' AND locked.point_count <= :room
-    ), batch AS (
+    ), batch AS NOT MATERIALIZED (
         SELECT (CAST(:names AS text[]))[p.name_index] AS name, p.step, p.value, p.nonfinite
         FROM unnest(CAST(:name_indexes AS integer[]), CAST(:steps AS integer[]),
                     CAST(:values AS double precision[]), CAST(:nonfinite AS smallint[]))
@@ -55,8 +68,7 @@ _PG_ONE_STATEMENT = text(
     ), written AS (
         INSERT INTO metric_points (trial_id, name, step, value, nonfinite)
         SELECT trial.id, batch.name, batch.step, batch.value, batch.nonfinite FROM trial, batch
-        ON CONFLICT (trial_id, name, step) DO UPDATE SET value = EXCLUDED.value, nonfinite = EXCLUDED.nonfinite
-        RETURNING (xmax = 0) AS added
+        {conflict}
     ), best AS (
         SELECT c.value, c.step FROM trial, (
             SELECT m.value, m.step FROM trial JOIN metric_points m
@@ -69,21 +81,32 @@ _PG_ONE_STATEMENT = text(
         ORDER BY CASE WHEN trial.objective_mode = 'min' THEN c.value ELSE -c.value END, c.step
         LIMIT 1
     ), objective AS (
-        SELECT EXISTS (SELECT 1 FROM trial JOIN batch ON batch.name = trial.objective_metric) AS carried
+        SELECT trial.objective_metric = ANY(CAST(:names AS text[])) AS carried FROM trial
     )
     UPDATE trials SET
-        point_count = trials.point_count + (SELECT count(*) FROM written WHERE added),
+        point_count = trials.point_count + {added},
         objective_value = CASE WHEN objective.carried THEN (SELECT value FROM best) ELSE trials.objective_value END,
         best_step = CASE WHEN objective.carried THEN (SELECT step FROM best) ELSE trials.best_step END
     FROM trial, objective
     WHERE trials.id = trial.id
     RETURNING trials.objective_value, trials.best_step
-    """
+"""
+# The common batch, all new points: a plain INSERT, which costs Postgres half the CPU of an
+# upsert's speculative insertion (2.2 against 4.6 us a point here), and whose points all count as
+# new. A point already stored (a replay) fails it as a whole, writing nothing.
+_PG_NEW_POINTS = text(_PG_WRITE.format(conflict="", added="CAST(:batch_size AS integer)"))
+# The replay: an upsert, counting the rows it inserted (`xmax = 0`) rather than updated.
+_PG_ONE_STATEMENT = text(
+    _PG_WRITE.format(
+        conflict="ON CONFLICT (trial_id, name, step) DO UPDATE SET value = EXCLUDED.value, "
+        "nonfinite = EXCLUDED.nonfinite RETURNING (xmax = 0) AS added",
+        added="(SELECT count(*) FROM written WHERE added)",
+    )
 )
 
 
 def record_metrics(
-    db: Database, trial_id: int, lease_id: str, points: Sequence[MetricPointIn], max_points: int | None = None
+    db: Database, trial_id: int, lease_id: str, points: Sequence[Point], max_points: int | None = None
 ) -> MetricsAccepted:
     """Upserts the points on (trial, name, step): replaying a step overwrites instead of
     duplicating; within one batch the last point for a (name, step) wins. NaN and infinities are
@@ -117,12 +140,13 @@ def _record_in_one_statement(
     writes only when the trial could hold the whole batch as new points; None when it wrote
     nothing (not found, lease lost, near the quota, a trial from before counting), and then the
     transaction in `record_metrics` decides, with the exact error."""
-    arrays = _array_literals(latest)
-    row = None
-    with db.statement() as connection:
-        row = connection.execute(
-            _PG_ONE_STATEMENT, {**arrays, "trial_id": trial_id, "lease_id": lease_id, "room": max_points - len(latest)}
-        ).first()
+    params = {**_array_literals(latest), "trial_id": trial_id, "lease_id": lease_id, "room": max_points - len(latest)}
+    try:
+        with db.statement() as connection:
+            row = connection.execute(_PG_NEW_POINTS, {**params, "batch_size": len(latest)}).first()
+    except Conflict:  # some point was stored already (a replay): the upsert overwrites it
+        with db.statement() as connection:
+            row = connection.execute(_PG_ONE_STATEMENT, params).first()
     if row is None:
         return None
     return MetricsAccepted(accepted=len(latest), objective_value=row.objective_value, best_step=row.best_step)
@@ -137,7 +161,7 @@ def _array_literals(latest: dict[tuple[str, int], float]) -> dict[str, Any]:
     index = {name: str(i) for i, name in enumerate(dict.fromkeys(names), 1)}
     values = list(latest.values())
     if all(map(math.isfinite, values)):
-        value_text, flags = ",".join(map(repr, values)), ",".join(["0"] * len(values))
+        value_text, flags = _json_list(values), ",".join(["0"] * len(values))
     else:
         stored = [to_storage(value) for value in values]
         value_text = ",".join("NULL" if v is None else repr(v) for v, _ in stored)
@@ -145,10 +169,16 @@ def _array_literals(latest: dict[tuple[str, int], float]) -> dict[str, Any]:
     return {
         "names": list(index),
         "name_indexes": "{" + ",".join(map(index.__getitem__, names)) + "}",
-        "steps": "{" + ",".join([str(step) for _, step in latest]) + "}",
+        "steps": "{" + _json_list([step for _, step in latest]) + "}",
         "values": "{" + value_text + "}",
         "nonfinite": "{" + flags + "}",
     }
+
+
+def _json_list(numbers: list[float] | list[int]) -> str:
+    """`1,2.5,3e-07`: msgspec writes the shortest text that reads back as the same double (as
+    repr() does) in C, a tenth of the time of joining repr()s."""
+    return _ENCODE(numbers)[1:-1].decode()
 
 
 def record_checkpoint(db: Database, trial_id: int, lease_id: str, checkpoint: CheckpointIn) -> int:
