@@ -15,9 +15,11 @@ from hpo.settings import Settings
 
 from . import charts as chart_data
 from . import leases, signing_key
+from .aio import AsyncDatabase
 from .api import analysis, charts, dashboard, errors, health, openapi, pipelines, signin, studies, trials, workers
 from .api.auth import Auth
 from .api.hostile import HostileInput
+from .api.hotpath import HotPath
 from .api.html_errors import HtmlErrors
 from .api.middleware import BodyLimit
 from .auth import Authenticator
@@ -44,6 +46,8 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
     db = Database(settings.database_url)
     if upgrade:
         db.upgrade()
+    # Claims and heartbeats on the event loop (api/hotpath.py); Postgres only.
+    adb = None if db.is_sqlite else AsyncDatabase(db)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -53,10 +57,14 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
         # The importance chart's scikit-learn (and the pandas it pulls in) take half a second to
         # import: done now, off the request path, so a study page's first visit does not wait.
         threading.Thread(target=_warm_up, args=(db,), name="hpo-warm-up", daemon=True).start()
+        if adb is not None:
+            await adb.open()
         try:
             yield
         finally:
             reaper.cancel()
+            if adb is not None:
+                await adb.close()
             await run_in_threadpool(refiller.stop)
             db.dispose()
 
@@ -73,7 +81,8 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
     for module in routers:
         app.include_router(module.router)
     # Outermost last: HTML error pages for browsers, the size limit, then credentials, then the
-    # hostile-input check of bodies.
+    # hostile-input check of bodies, then the direct path of claims and heartbeats.
+    app.add_middleware(HotPath, adb=adb)
     app.add_middleware(HostileInput, body_seconds=server.body_seconds)
     app.add_middleware(Auth, authenticator=authenticator, max_unauthenticated=server.max_unauthenticated)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -96,14 +96,19 @@ def _allowed(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
+def error_response(exc: HpoError) -> JSONResponse:
+    """The answer to one of the service's errors (also for `hotpath`, which is not a route)."""
+    if isinstance(exc, InvalidInput):
+        return invalid_response(exc.errors)
+    if isinstance(exc, StorageError):
+        _log.warning("storage error: %s", one_line(exc))
+    return JSONResponse(status_code=status_of(exc), content={"detail": exc.message})
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(HpoError)
     async def _hpo_error(_request: Request, exc: HpoError) -> JSONResponse:
-        if isinstance(exc, InvalidInput):
-            return invalid_response(exc.errors)
-        if isinstance(exc, StorageError):
-            _log.warning("storage error: %s", one_line(exc))
-        return JSONResponse(status_code=status_of(exc), content={"detail": exc.message})
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

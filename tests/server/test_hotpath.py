@@ -1,0 +1,117 @@
+"""The direct path of claims and heartbeats on Postgres (hpo.server.api.hotpath): it takes the
+common calls, answers them as the routes do, and hands everything else to the routes (a body
+that is not valid, another content type, a lost lease, a trial the worker may not run)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from hpo.policy import ExecutionPolicy
+from hpo.server import aio, leases, studies
+from hpo.server.db import Database
+from hpo.server.models import Trial, TrialStatus
+from hpo.settings import Settings
+from tests.conftest import LiveServer
+
+pytestmark = pytest.mark.postgres
+API = "/api/v1"
+SPEC = {
+    "name": "hot",
+    "num_trials": 3,
+    "hyperparameters": [{"name": "learning_rate", "role": "nuisance", "type": "float", "min": 1e-4, "max": 1.0}],
+}
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How often the direct path ran a claim and a heartbeat (the live server runs in this process)."""
+    counted = {"claim": 0, "heartbeat": 0}
+    for name in counted:
+        original = getattr(aio, name)
+
+        async def spy(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            counted[_name] += 1
+            return await _original(*args, **kwargs)
+
+        monkeypatch.setattr(aio, name, spy)
+    return counted
+
+
+@pytest.fixture
+def served(postgres_url: str, tmp_path: Path) -> Iterator[tuple[httpx.Client, Database]]:
+    settings = Settings(database_url=postgres_url, artifact_root=tmp_path / "artifacts", lease_seconds=60)
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        db = Database(postgres_url)
+        yield http, db
+        db.dispose()
+
+
+def _claim(http: httpx.Client, **extra: Any) -> httpx.Response:
+    return http.post(f"{API}/workers/claim", json={"worker_id": "w", "resources": {"cpus": 8}, **extra})
+
+
+def test_claims_and_heartbeats_take_the_direct_path_and_answer_as_the_routes(
+    served: tuple[httpx.Client, Database], calls: dict[str, int]
+) -> None:
+    http, db = served
+    studies.create_study(db, SPEC)
+    answer = _claim(http)
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+    claim = answer.json()
+    # The fields and values the route's Claim carries (a second claim through the service itself).
+    direct = leases.claim(db, "w2", 8, 0, 60)
+    assert direct is not None and set(claim) == set(direct.model_dump())
+    assert claim["attempt"] == 1 and claim["resume_from"] is None and claim["trial_token"] is None
+    assert claim["config"]["params"].keys() == direct.config["params"].keys()
+    beat = http.post(f"{API}/trials/{claim['trial_id']}/heartbeat", json={"lease_id": claim["lease_id"]})
+    assert beat.status_code == 200 and set(beat.json()) == {"lease_expires_at", "should_stop"}
+    assert beat.json()["should_stop"] is False and beat.json()["lease_expires_at"] >= claim["lease_expires_at"]
+    assert _claim(http).status_code == 200
+    empty = _claim(http)
+    assert empty.status_code == 204 and empty.content == b""
+    assert calls == {"claim": 3, "heartbeat": 1}
+
+
+def test_what_the_direct_path_does_not_answer_goes_to_the_routes(
+    served: tuple[httpx.Client, Database], calls: dict[str, int]
+) -> None:
+    http, db = served
+    studies.create_study(db, SPEC)
+    invalid = http.post(f"{API}/workers/claim", json={"worker_id": "w", "resources": {"cpus": "many"}})
+    assert invalid.status_code == 422 and invalid.json()["detail"][0]["field"] == "resources.cpus"
+    unknown = http.post(f"{API}/workers/claim", json={"worker_id": "w", "cpu": 1})
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["field"] == "cpu"
+    as_text = http.post(f"{API}/workers/claim", content=b'{"worker_id": "w"}', headers={"content-type": "text/plain"})
+    assert as_text.status_code == 422
+    claim = _claim(http).json()
+    lost = http.post(f"{API}/trials/{claim['trial_id']}/heartbeat", json={"lease_id": "0" * 36})
+    assert lost.status_code == 409
+    missing = http.post(f"{API}/trials/999999/heartbeat", json={"lease_id": claim["lease_id"]})
+    assert missing.status_code == 404
+    assert http.post(f"{API}/trials/0/heartbeat", json={"lease_id": claim["lease_id"]}).status_code == 422
+    long = http.post(f"{API}/trials/{claim['trial_id']}/heartbeat", json={"lease_id": "x" * 37})
+    assert long.status_code == 422 and long.json()["detail"][0]["field"] == "lease_id"
+    assert calls == {"claim": 1, "heartbeat": 2}  # the lost and the missing lease, then the routes
+
+
+def test_a_trial_the_worker_may_not_run_is_handed_back_and_skipped(
+    served: tuple[httpx.Client, Database], calls: dict[str, int]
+) -> None:
+    http, db = served
+    policy = ExecutionPolicy(workload_globs=("mylab.*",))
+    spec = {**SPEC, "trainer": {"workload": "mylab.models:Net"}, "hyperparameters": SPEC["hyperparameters"]}
+    studies.create_study(db, spec, policy)
+    refused = _claim(http, capabilities={"workloads": [], "commands": [], "env": []})
+    assert refused.status_code == 204
+    with db.transaction() as session:
+        rows = session.execute(select(Trial.status, Trial.attempt, Trial.lease_id)).all()
+    assert {(status, attempt, lease) for status, attempt, lease in rows} == {(TrialStatus.pending, 0, None)}
+    allowed = _claim(http, capabilities={"workloads": ["mylab.*"], "commands": [], "env": []})
+    assert allowed.status_code == 200 and allowed.json()["attempt"] == 1
+    assert calls["claim"] == 2
