@@ -21,14 +21,13 @@ from .curves import OBJECTIVE_TRAIN
 from .divergence import best_ranks, load_trials
 from .isolation import isolation_series
 from .model import TrialSummary
-from .service import BEST_FEW, best_curves, budgets, horizon_of, late_noise_by_arm, noise_floors, noise_of
+from .service import BEST_FEW, GRAD_NORM, best_curves, budgets, horizon_of, late_noise_by_arm, noise_floors, noise_of
 from .space import dimensions
 from .stopped import concluding, stopped_short
 from .training import best_step_summary
 
 PLOT_KINDS = ("axis", "isolation", "curves", "grad_norm", "best_steps", "budget")
 CURVE_EXTRA = ("valid/loss",)
-GRAD_NORM = "train/grad_norm"
 
 
 def plot_data(db: Database, study_id: int, kind: str, trial_id: int | None = None) -> dict[str, Any]:
