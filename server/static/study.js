@@ -474,6 +474,7 @@
         var a = document.createElement("a"); a.href = "/trials/" + r.id; a.textContent = "trial " + r.id; first.appendChild(a);
         if (r.replica_of !== null) first.appendChild(badge("replica of " + r.replica_of, "replica", "a replica: the same configuration with another seed; never ranked best"));
         if (r.retry_of !== null) first.appendChild(badge("retry of " + r.retry_of, "retry", "a new run of a failed trial"));
+        if (r.resumed) first.appendChild(badge("resumed", "resumed", "its best value was reached in an attempt resumed from a checkpoint (the trial page says what that is worth)"));
         cell(tr, first);
         var st = document.createElement("span"); st.className = "status " + (r.diverged ? "infeasible" : r.status);
         st.textContent = r.diverged ? "diverged" : r.status; if (r.diverged) st.title = r.diverged; cell(tr, st);

@@ -1,6 +1,7 @@
-"""Issue 24, item 3, in a real headless Chromium: a chart that needs one of hpo's names the study
-does not have says so in words on the page (the study page's gradient-norm and training-loss
-charts, the trial page), and a script's aliased names are labelled as hpo's on the trial page.
+"""Issue 24, items 3 and 4, in a real headless Chromium: a chart that needs one of hpo's names the
+study does not have says so in words on the page (the study page's gradient-norm and training-loss
+charts, the trial page), a script's aliased names are labelled as hpo's on the trial page, and a
+best value from a resumed attempt is marked in the trial table and on the trial page.
 Skips without Debian's chromium and chromium-driver, as tests/dashboard/test_browser.py does."""
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
+from tests.analysis import planted
 from tests.analysis.protocol import API, create, run_pending
+from tests.analysis.test_planted import spec
 from tests.analysis.test_planted_aliases import ALIASES, NO_GRAD_NORM, NO_TRAIN_LOSS, plant, script_spec
+from tests.analysis.test_planted_resumed import claim, run_resumed
 from tests.conftest import LiveServer
 from tests.dashboard.test_browser import REQUIRE_BROWSER, errors, wait
 
@@ -100,4 +105,21 @@ def test_pages_say_which_name_a_chart_needs(settings: Settings, browser: Any) ->
             and "gnorm (train/grad_norm in analysis.aliases)" in captions
         )
         assert browser.execute_script("return document.querySelectorAll('#trial-missing li').length") == 0
+        assert errors(browser) == []
+
+        # issue 24, item 4: a best value from a resumed attempt is marked in the table and on the trial page
+        resumed = create(client, spec("resumed-page", num_trials=1))
+        first = claim(client)
+        valid, train = planted.clean(1, 0.05, noise=0.0005)
+        valid = planted.Curve(valid.steps, np.where(valid.steps == planted.HORIZON, 0.04, valid.values))  # best: last
+        run_resumed(client, first, valid, train)
+        browser.get(f"{live.url}/studies/{resumed['id']}")
+        wait(browser, "return document.body.dataset.tableFiltered === '1'")
+        badges = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#trial-table .badge.resumed')).length"
+        )
+        assert badges == 1
+        browser.get(f"{live.url}/trials/{first['trial_id']}")
+        mark = browser.find_element("id", "resumed").text
+        assert "resumed from the checkpoint at step 1000" in mark and "The built-in trainer resumes exactly" in mark
         assert errors(browser) == []
