@@ -98,6 +98,22 @@ FROM (SELECT best.*, row_number() OVER (ORDER BY best.id) AS rn
 CROSS JOIN generate_series(1, 5) AS r
 """
 
+# The attempt history the server keeps (trial_attempts, the timeline's bars): each trial's last
+# attempt as it ended, and for 1 trial in 10 a first attempt preempted on the next worker before it.
+_ATTEMPTS = """
+INSERT INTO trial_attempts (trial_id, attempt, worker_id, started_at, ended_at, outcome)
+SELECT t.id, CASE WHEN t.number % 10 = 9 THEN 2 ELSE 1 END, t.worker_id, t.started_at, t.finished_at,
+       CASE WHEN t.status = 'infeasible' THEN 'infeasible' ELSE 'completed' END
+FROM trials t WHERE t.study_id = :study_id AND t.started_at IS NOT NULL
+UNION ALL
+SELECT t.id, 1, 'worker-' || ((t.number + 1) % 16)::text, t.started_at - interval '50 seconds',
+       t.started_at - interval '20 seconds', 'preempted'
+FROM trials t WHERE t.study_id = :study_id AND t.started_at IS NOT NULL AND t.number % 10 = 9
+"""
+_SECOND_ATTEMPTS = """
+UPDATE trials SET attempt = 2 WHERE study_id = :study_id AND number % 10 = 9 AND started_at IS NOT NULL
+"""
+
 
 def build_study(db: Database, n_trials: int, evals: int) -> int:
     """Inserts the study, its trials and n_trials x evals x 3 metric points; answers the study id."""
@@ -122,6 +138,8 @@ def build_study(db: Database, n_trials: int, evals: int) -> int:
         conn.execute(text(_POINTS), {"study_id": study_id, "every": 10, "last": 10 * evals})
         conn.execute(text(_BEST))
         conn.execute(text(_REPLICAS), {"study_id": study_id})
+        conn.execute(text(_ATTEMPTS), {"study_id": study_id})
+        conn.execute(text(_SECOND_ATTEMPTS), {"study_id": study_id})
         conn.execute(text("ANALYZE"))
     return int(study_id)
 

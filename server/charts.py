@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal, get_args
 
 import numpy as np
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from .analysis import memo, queries
@@ -30,7 +30,7 @@ from .analysis.service import horizon_of, json_safe
 from .analysis.space import Dimension, dimensions
 from .db import Database
 from .errors import InvalidInput, NotFound
-from .models import Trial
+from .models import Trial, TrialAttempt, TrialStatus
 from .spec import ANALYSIS_METRICS
 
 ChartKind = Literal[
@@ -455,18 +455,37 @@ def _not_applicable_below(axis: dict[str, Any]) -> None:
 
 # --- timeline -------------------------------------------------------------------------------
 
-STRAGGLER_FACTOR = 3.0  # a finished trial that ran this many times the median finished trial
+STRAGGLER_FACTOR = 3.0  # an attempt that ran this many times the median completed attempt
+# How an attempt ended (`bars.outcome` indexes this list): a trial_attempts outcome, `running`, or
+# for a trial from before attempts were recorded (migration 0011) its status, one bar for all.
+OUTCOMES = (
+    "completed",
+    "running",
+    "preempted",
+    "expired",
+    "error",
+    "infeasible",
+    "config",
+    "cancelled",
+    "failed",
+    "pending",
+    "unknown",
+)
+_OUTCOME_INDEX = {name: i for i, name in enumerate(OUTCOMES)}
 
 
 def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
-    """Each trial that started as a bar over wall-clock time on the row of the worker that holds
-    (or last held) it, from its first start to its finish (now while it runs), coloured by status:
-    gaps in a row are an idle worker, `attempts` > 1 a trial claimed again after a preemption,
-    an expired lease or an error (the server keeps each trial's first start and last worker, not
-    every attempt's), `stragglers` the finished trials that ran over STRAGGLER_FACTOR times the
-    median. Columnar and bare (no hover text: the page builds it), so 50,000 trials stay small:
-    `start` and `end` are seconds (0.1 s) after `t0`, the first start in milliseconds since the
-    epoch; `workers` lists each row's trials and busy share of the study's span."""
+    """Each attempt of each trial as a bar over wall-clock time on the row of the worker that ran
+    it, from its claim to its end (now while it runs), with how it ended (`OUTCOMES`: completed,
+    preempted, an expired lease, error, infeasible, config, cancelled, running): gaps in a row are
+    an idle worker, a trial's bars on several rows its preemptions and retries, `stragglers` the
+    bars (indexes) of completed or running attempts over STRAGGLER_FACTOR times the median
+    completed attempt. A trial that started before attempts were recorded is one bar from its first
+    start to its finish, its status as the outcome and `attempt` null. Columnar and bare (no hover
+    text: the page builds it), so 50,000 trials stay small: `start` and `end` are seconds (0.1 s)
+    after `t0`, the first start in milliseconds since the epoch; `workers` lists each row's
+    attempts, trials and busy share of the study's span."""
+    first = func.coalesce(TrialAttempt.started_at, Trial.started_at)
     rows = session.execute(
         select(
             Trial.id,
@@ -474,55 +493,85 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
             Trial.started_at,
             Trial.finished_at,
             Trial.worker_id,
-            Trial.attempt,
-            Trial.failures,
+            Trial.attempt.label("attempts"),
             Trial.replica_of,
+            TrialAttempt.attempt,
+            TrialAttempt.worker_id.label("attempt_worker"),
+            TrialAttempt.started_at.label("attempt_start"),
+            TrialAttempt.ended_at,
+            TrialAttempt.outcome,
         )
+        .outerjoin(TrialAttempt, TrialAttempt.trial_id == Trial.id)
         .where(Trial.study_id == study.id, Trial.started_at.is_not(None))
-        .order_by(Trial.started_at, Trial.id)
+        .order_by(first, Trial.id, TrialAttempt.attempt)
     ).all()
     now = datetime.now(timezone.utc).timestamp()
     names: dict[str, int] = {}
-    bars: dict[str, list[Any]] = {k: [] for k in ("ids", "worker", "start", "end", "status", "attempts", "replica")}
+    keys = ("ids", "attempt", "attempts", "worker", "start", "end", "outcome", "replica")
+    bars: dict[str, list[Any]] = {k: [] for k in keys}
     spans: dict[int, list[tuple[float, float]]] = {}
-    finished_durations: list[float] = []
-    t0 = _ts(rows[0].started_at) if rows else None
+    trials_on: dict[int, set[int]] = {}
+    t0 = _ts(rows[0].attempt_start or rows[0].started_at) if rows else 0.0
     for r in rows:
-        start = _ts(r.started_at)
-        running = r.finished_at is None
-        end = now if running else max(start, _ts(r.finished_at))
-        w = names.setdefault(r.worker_id or "(unknown)", len(names))
+        start, end, outcome = _attempt_span(r, now)
+        w = names.setdefault(r.attempt_worker or r.worker_id or "(unknown)", len(names))
         bars["ids"].append(r.id)
+        bars["attempt"].append(r.attempt)
+        bars["attempts"].append(r.attempts)
         bars["worker"].append(w)
-        bars["start"].append(round(start - (t0 or 0.0), 1))
-        bars["end"].append(round(end - (t0 or 0.0), 1))
-        bars["status"].append(r.status.value)
-        bars["attempts"].append(r.attempt)
+        bars["start"].append(round(start - t0, 1))
+        bars["end"].append(round(end - t0, 1))
+        bars["outcome"].append(_OUTCOME_INDEX[outcome])
         bars["replica"].append(r.replica_of is not None)
         spans.setdefault(w, []).append((start, end))
-        if not running and r.status.value in _FINISHED:
-            finished_durations.append(end - start)
-    median = float(np.median(finished_durations)) if finished_durations else None
-    stragglers = []
-    if median and len(finished_durations) >= 5:
-        for tid, a, b, st in zip(bars["ids"], bars["start"], bars["end"], bars["status"], strict=True):
-            if st in _FINISHED and b - a > STRAGGLER_FACTOR * median:
-                stragglers.append(tid)
+        trials_on.setdefault(w, set()).add(r.id)
+    median, stragglers = _stragglers(bars)
     span = max(bars["end"], default=0.0)
     workers = []
     for name, w in names.items():
         busy = _union_seconds(spans[w])
-        workers.append({"name": name, "trials": len(spans[w]), "busy_fraction": busy / span if span > 0 else None})
+        share = busy / span if span > 0 else None
+        workers.append({"name": name, "attempts": len(spans[w]), "trials": len(trials_on[w]), "busy_fraction": share})
     return {
         "workers": workers,
+        "outcomes": list(OUTCOMES),
         "bars": bars,
         "stragglers": stragglers,
         "median_seconds": median,
-        "t0": None if t0 is None else round(t0 * 1000),
+        "t0": round(t0 * 1000) if rows else None,
         "span_seconds": span,
-        "now": None if t0 is None else round(now - t0, 1),
+        "now": round(now - t0, 1) if rows else None,
         "n": len(bars["ids"]),
+        "n_trials": len({*bars["ids"]}),
     }
+
+
+def _attempt_span(r: Any, now: float) -> tuple[float, float, str]:
+    """(start, end, outcome) of one attempt row, or of a trial without recorded attempts."""
+    if r.attempt is None:  # started before migration 0011: one bar, first start to finish
+        start = _ts(r.started_at)
+        end = now if r.finished_at is None else max(start, _ts(r.finished_at))
+        return start, end, r.status.value
+    start = _ts(r.attempt_start)
+    if r.ended_at is not None:
+        return start, max(start, _ts(r.ended_at)), r.outcome if r.outcome in _OUTCOME_INDEX else "unknown"
+    if r.status is TrialStatus.running and r.attempts == r.attempt:
+        return start, max(start, now), "running"
+    # Open, yet not the trial's running attempt (never written so by hpo.server.leases).
+    return start, start if r.finished_at is None else max(start, _ts(r.finished_at)), "unknown"
+
+
+def _stragglers(bars: dict[str, list[Any]]) -> tuple[float | None, list[int]]:
+    """The median completed attempt's seconds, and the bars (indexes) of completed or running
+    attempts over STRAGGLER_FACTOR times it (at least 5 completed attempts)."""
+    completed, running = _OUTCOME_INDEX["completed"], _OUTCOME_INDEX["running"]
+    durations = [b - a for a, b, o in zip(bars["start"], bars["end"], bars["outcome"], strict=True) if o == completed]
+    median = float(np.median(durations)) if durations else None
+    if not median or len(durations) < 5:
+        return median, []
+    long = STRAGGLER_FACTOR * median
+    pairs = zip(bars["start"], bars["end"], bars["outcome"], strict=True)
+    return median, [i for i, (a, b, o) in enumerate(pairs) if o in (completed, running) and b - a > long]
 
 
 def _union_seconds(intervals: Sequence[tuple[float, float]]) -> float:

@@ -13,13 +13,22 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Double, and_, bindparam, case, delete, func, select, text, update
+from sqlalchemy import Connection, Double, String, and_, bindparam, case, delete, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from . import objective
 from .db import Database
 from .errors import Conflict, LeaseLost, NotFound
-from .models import FINISHED_STATUSES, Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus
+from .models import (
+    FINISHED_STATUSES,
+    Checkpoint,
+    MetricPoint,
+    Study,
+    StudyStatus,
+    Trial,
+    TrialAttempt,
+    TrialStatus,
+)
 from .schemas import Claim, HeartbeatAnswer
 
 # A worker that may run none of the first few studies in line gets 204 rather than a long search.
@@ -48,8 +57,11 @@ def claim_runnable(
 
 
 def _hand_back(db: Database, trial_id: int, lease_id: str) -> None:
-    """Undoes a claim that was never handed out: pending again, the attempt not counted."""
+    """Undoes a claim that was never handed out: pending again, the attempt not counted (its
+    trial_attempts row deleted)."""
     with db.transaction() as session:
+        leased = select(Trial.attempt).where(Trial.id == trial_id, Trial.lease_id == lease_id).scalar_subquery()
+        session.execute(delete(TrialAttempt).where(TrialAttempt.trial_id == trial_id, TrialAttempt.attempt == leased))
         session.execute(
             update(Trial)
             .where(Trial.id == trial_id, Trial.lease_id == lease_id)
@@ -59,6 +71,7 @@ def _hand_back(db: Database, trial_id: int, lease_id: str) -> None:
                 lease_expires_at=None,
                 attempt=Trial.attempt - 1,
                 worker_id=None,
+                started_at=case((Trial.attempt == 1, None), else_=Trial.started_at),  # never ran
             )
             .execution_options(synchronize_session=False)
         )
@@ -102,6 +115,7 @@ def claim(
             row = session.connection().execute(statement, params).first()
         if row is None:
             return None
+        session.connection().execute(_open_attempt(), {"id": row.id, "attempt": row.attempt, "worker_id": worker_id})
         # SQLite's RETURNING sees only the updated table: the study is read separately.
         study = session.execute(
             select(Study.spec, Study.objective_metric, Study.objective_mode).where(Study.id == row.study_id)
@@ -171,7 +185,7 @@ def _claim_statement(sqlite: bool, skipping: bool = False) -> Any:
     # SQLite's RETURNING sees only the updated table; there the study is read separately.
     study_columns = () if sqlite else (Study.spec, Study.objective_metric, Study.objective_mode)
     joined = () if sqlite else (Study.id == Trial.study_id,)
-    return (
+    lease = (
         update(Trial)
         .where(Trial.id == candidate.scalar_subquery(), *joined)
         .values(
@@ -185,6 +199,29 @@ def _claim_statement(sqlite: bool, skipping: bool = False) -> Any:
         .returning(*trial_columns, *study_columns)
         .execution_options(synchronize_session=False)
     )
+    # The attempt's trial_attempts row: on Postgres in this statement, so every caller of it writes
+    # the history with the lease; SQLite cannot nest an INSERT in a WITH (claim() adds it there).
+    return lease if sqlite else _opening_attempt(lease)
+
+
+@functools.cache
+def _open_attempt() -> Any:
+    """SQLite: the claimed attempt's trial_attempts row, inserted in the claim's transaction."""
+    return insert(TrialAttempt).values(
+        trial_id=bindparam("id"), attempt=bindparam("attempt"), worker_id=bindparam("worker_id"), started_at=func.now()
+    )
+
+
+def _opening_attempt(lease: Any) -> Any:
+    """Postgres: the `lease` UPDATE with its attempt's trial_attempts row inserted by the same
+    statement (a data-modifying CTE): one round trip, the lease's own transaction; it answers the
+    lease's RETURNING row as it is."""
+    claimed = lease.cte("claimed")
+    opened = insert(TrialAttempt).from_select(
+        ["trial_id", "attempt", "worker_id", "started_at"],
+        select(claimed.c.id, claimed.c.attempt, bindparam("worker_id", type_=String), func.now()),
+    )
+    return select(claimed).add_cte(opened.cte("opened"))
 
 
 def heartbeat(db: Database, trial_id: int, lease_id: str, lease_seconds: float) -> HeartbeatAnswer:
@@ -230,6 +267,7 @@ def complete(db: Database, trial_id: int, lease_id: str, unread_params: list[str
     with db.transaction() as session:
         trial = _leased(session, trial_id, lease_id)
         _finish(trial, TrialStatus.completed)
+        _end_attempt(session, trial, "completed")
         _note_unread(trial, unread_params)
         session.get_one(Study, trial.study_id).consecutive_errors = 0
 
@@ -249,6 +287,7 @@ def fail(
     with db.transaction() as session:
         trial = _leased(session, trial_id, lease_id)
         study = session.get_one(Study, trial.study_id)
+        _end_attempt(session, trial, kind)
         if kind == "preempted":  # a give-back, not a failure: nothing is recorded against the trial
             _requeue(trial)
             return trial.status.value
@@ -288,6 +327,7 @@ def cancel(db: Database, trial_id: int) -> None:
             raise Conflict(f"trial {trial_id} is already {trial.status.value}")
         trial.status = TrialStatus.cancelled
         trial.finished_at = func.now()  # type: ignore[assignment]
+        _end_attempt(session, trial, "cancelled")
 
 
 def reap_expired(db: Database) -> int:
@@ -305,7 +345,7 @@ def _reap(session: Session | Connection, db: Database) -> int:
         # Rows another reaper (or a claim, a heartbeat) holds are skipped, not waited for: two
         # transactions locking the same expired rows in different orders would deadlock.
         expired = expired.with_for_update(skip_locked=True)
-    result = session.execute(
+    reap = (
         update(Trial)
         .where(Trial.id.in_(expired.scalar_subquery()))
         .values(
@@ -317,9 +357,20 @@ def _reap(session: Session | Connection, db: Database) -> int:
             error=case((exhausted, "lease expired: the worker stopped heartbeating"), else_=Trial.error),
             finished_at=case((exhausted, func.now()), else_=None),
         )
+        .returning(Trial.id, Trial.attempt)
         .execution_options(synchronize_session=False)
     )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    ended = update(TrialAttempt).values(ended_at=func.now(), outcome="expired")
+    ended = ended.where(TrialAttempt.ended_at.is_(None)).execution_options(synchronize_session=False)
+    if db.is_sqlite:  # in a transaction: the reaped attempts are closed by a second statement
+        reaped = session.execute(reap).all()
+        if reaped:
+            session.execute(ended.where(TrialAttempt.trial_id.in_([r.id for r in reaped])))
+        return len(reaped)
+    # Postgres may run this in autocommit (a claim): one statement closes the attempts it reaps.
+    requeued = reap.cte("reaped")
+    closed = ended.where(TrialAttempt.trial_id == requeued.c.id, TrialAttempt.attempt == requeued.c.attempt)
+    return int(session.execute(select(func.count()).select_from(requeued).add_cte(closed.cte("closed"))).scalar_one())
 
 
 def _leased(
@@ -334,6 +385,18 @@ def _leased(
     if trial.status not in allow:
         raise LeaseLost(f"trial {trial_id} is {trial.status.value}; stop this run")
     return trial
+
+
+def _end_attempt(session: Session, trial: Trial, outcome: str) -> None:
+    """Closes the lease's attempt (its trial_attempts row) in the transition's own transaction:
+    `outcome` says how it ended (`completed`, a fail kind, `cancelled`)."""
+    session.execute(
+        update(TrialAttempt)
+        .where(TrialAttempt.trial_id == trial.id, TrialAttempt.attempt == trial.attempt)
+        .where(TrialAttempt.ended_at.is_(None))
+        .values(ended_at=func.now(), outcome=outcome)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _finish(trial: Trial, status: TrialStatus) -> None:

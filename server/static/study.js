@@ -224,43 +224,50 @@
       yaxis: { title: { text: d.y }, type: d.y_type } }), "contour");
   };
 
-  // Timeline: one row per worker, a bar per trial from its first start to its finish (one trace
-  // per status, bars as thick line segments separated by gaps: one SVG path each).
-  var TIMELINE_COLORS = { completed: hpo.COLORS[0], running: "#2ca02c", infeasible: hpo.INFEASIBLE, failed: "#8c564b", cancelled: "#999" };
+  // Timeline: one row per worker, a bar per attempt from its claim to its end, coloured by how it
+  // ended (one trace per outcome, bars as thick line segments separated by gaps: one SVG path each).
+  var TIMELINE_COLORS = { completed: hpo.COLORS[0], running: "#2ca02c", preempted: "#ff7f0e", expired: "#9467bd",
+    error: "#8c564b", infeasible: hpo.INFEASIBLE, config: "#e377c2", cancelled: "#999", failed: "#8c564b", pending: "#bbb", unknown: "#666" };
+  var TIMELINE_WORDS = { expired: "lease expired", config: "config error", pending: "requeued", unknown: "end not recorded" };
   draw.timeline = function (d, box) {
     if (!d.n) return hpo.empty(box, "No trial has started yet.");
-    var b = d.bars, traces = {}, straggler = {};
-    d.stragglers.forEach(function (id) { straggler[id] = true; });
+    var b = d.bars, traces = {}, straggler = {}, ended = {};
+    d.stragglers.forEach(function (i) { straggler[i] = true; });
     var names = d.workers.map(function (w) { return w.name; });
     var marks = { x: [], y: [], text: [], ids: [] };
     for (var i = 0; i < b.ids.length; i++) {
-      var st = b.status[i];
-      var t = traces[st] || (traces[st] = { x: [], y: [], customdata: [], text: [] });
+      var how = d.outcomes[b.outcome[i]];
+      ended[how] = (ended[how] || 0) + 1;
+      var t = traces[how] || (traces[how] = { x: [], y: [], customdata: [], text: [] });
       var worker = names[b.worker[i]];
       var secs = b.end[i] - b.start[i];
       var x0 = d.t0 + 1000 * b.start[i], x1 = d.t0 + 1000 * b.end[i];
-      var label = "trial " + b.ids[i] + (b.replica[i] ? " (replica)" : "") + "<br>" + worker + " · " + st + " · " + hpo.duration(secs) +
-        (b.attempts[i] > 1 ? "<br>" + b.attempts[i] + " attempts (claimed again after a preemption, expiry or error)" : "") +
-        (straggler[b.ids[i]] ? "<br>straggler: over " + hpo.fmt(secs / d.median_seconds) + "× the median" : "");
+      var which = b.attempt[i] === null ? (b.attempts[i] > 1 ? " (" + b.attempts[i] + " attempts, not recorded apart)" : "")
+        : b.attempts[i] > 1 ? " · attempt " + b.attempt[i] + " of " + b.attempts[i] : "";
+      var label = "trial " + b.ids[i] + (b.replica[i] ? " (replica)" : "") + which + "<br>" + worker + " · " +
+        (TIMELINE_WORDS[how] || how) + " · " + hpo.duration(secs) +
+        (straggler[i] ? "<br>straggler: over " + hpo.fmt(secs / d.median_seconds) + "× the median attempt" : "");
       t.x.push(x0, x1, null); t.y.push(worker, worker, null);
       t.customdata.push(b.ids[i], b.ids[i], null); t.text.push(label, label, "");
-      if (b.attempts[i] > 1 || straggler[b.ids[i]]) {
-        marks.x.push(x1); marks.y.push(worker); marks.ids.push(b.ids[i]); marks.text.push(label);
-      }
+      if (straggler[i]) { marks.x.push(x1); marks.y.push(worker); marks.ids.push(b.ids[i]); marks.text.push(label); }
     }
     var width = Math.max(3, Math.min(14, 240 / Math.max(1, names.length)));
-    var out = Object.keys(traces).map(function (st) {
-      var t = traces[st];
-      // SVG up to 5,000 trials (WebGL without a GPU took 17 s there); past it SVG's paths cost more
-      return { type: b.ids.length > 5000 ? "scattergl" : "scatter", mode: "lines", name: st, x: t.x, y: t.y, customdata: t.customdata, text: t.text,
-        hovertemplate: "%{text}<extra></extra>", connectgaps: false, line: { color: TIMELINE_COLORS[st] || "#666", width: width } };
+    var gl = b.ids.length > 10000;  // SVG up to 10,000 bars (WebGL without a GPU took 17 s at 5,000); past it SVG's paths cost more
+    var out = d.outcomes.filter(function (how) { return traces[how]; }).map(function (how) {
+      var t = traces[how];
+      return { type: gl ? "scattergl" : "scatter", mode: "lines", name: TIMELINE_WORDS[how] || how, x: t.x, y: t.y, customdata: t.customdata, text: t.text,
+        hovertemplate: "%{text}<extra></extra>", connectgaps: false, line: { color: TIMELINE_COLORS[how] || "#666", width: width } };
     });
-    if (marks.x.length) out.push({ type: "scatter", mode: "markers", name: "retried or straggler", x: marks.x, y: marks.y, customdata: marks.ids,
+    if (marks.x.length) out.push({ type: "scatter", mode: "markers", name: "straggler", x: marks.x, y: marks.y, customdata: marks.ids,
       text: marks.text, hovertemplate: "%{text}<extra></extra>", marker: { symbol: "triangle-left", size: 8, color: "#d62728" } });
     var idle = d.workers.filter(function (w) { return w.busy_fraction !== null && w.busy_fraction < 0.5; }).length;
+    var interrupted = ["preempted", "expired", "error"].filter(function (how) { return ended[how]; })
+      .map(function (how) { return ended[how] + " " + (TIMELINE_WORDS[how] || how); });
     var caption = box.parentElement.querySelector("[data-timeline-note]");
-    if (caption) caption.textContent = d.workers.length + " workers" + (idle ? ", " + idle + " busy under half the time" : "") +
-      (d.stragglers.length ? ", " + d.stragglers.length + " stragglers" : "");
+    var count = function (n, what) { return n + " " + what + (n === 1 ? "" : "s"); };
+    if (caption) caption.textContent = count(d.workers.length, "worker") + ", " + count(d.n, "attempt") + " of " + count(d.n_trials, "trial") +
+      (idle ? ", " + count(idle, "worker") + " busy under half the time" : "") + (interrupted.length ? ", " + interrupted.join(", ") : "") +
+      (d.stragglers.length ? ", " + count(d.stragglers.length, "straggler") : "");
     return hpo.draw(box, out, hpo.layout({ height: Math.min(600, 120 + 28 * names.length), xaxis: { type: "date", title: { text: "wall-clock time" } },
       yaxis: { type: "category", categoryorder: "array", categoryarray: names.slice().reverse(), automargin: true } }), "timeline");
   };

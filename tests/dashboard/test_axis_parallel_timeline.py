@@ -71,7 +71,7 @@ def test_timeline_shows_each_trial_on_its_worker_row(client: httpx.Client, study
     sid = study["id"]
     timeline = chart(client, sid, "timeline")
     bars = timeline["bars"]
-    assert timeline["n"] == 18 and len(bars["ids"]) == 18 and len(set(bars["ids"])) == 18
+    assert timeline["n"] == 18 and timeline["n_trials"] == 18 and len(set(bars["ids"])) == 18  # one attempt each
     workers = {w["name"]: w for w in timeline["workers"]}
     assert set(workers) == {"gpu-a", "gpu-b"} and workers["gpu-a"]["trials"] == 16 and workers["gpu-b"]["trials"] == 2
     names = [w["name"] for w in timeline["workers"]]
@@ -81,7 +81,8 @@ def test_timeline_shows_each_trial_on_its_worker_row(client: httpx.Client, study
     assert all(a <= b for a, b in zip(bars["start"], bars["end"], strict=True))
     assert bars["start"] == sorted(bars["start"]) and bars["start"][0] == 0.0 and timeline["t0"] > 1.7e12
     assert timeline["span_seconds"] == max(bars["end"])
-    assert set(bars["status"]) == {"completed"} and all(n == 1 for n in bars["attempts"])
+    assert {timeline["outcomes"][o] for o in bars["outcome"]} == {"completed"}
+    assert all(n == 1 for n in bars["attempts"]) and all(a == 1 for a in bars["attempt"])
     busy = workers["gpu-a"]["busy_fraction"]  # SQLite's now() has whole seconds: planted trials may take 0 s
     assert (busy is None) == (timeline["span_seconds"] == 0) and (busy is None or 0.0 <= busy <= 1.0)
 
@@ -91,7 +92,7 @@ def test_timeline_shows_each_trial_on_its_worker_row(client: httpx.Client, study
     assert claim.status_code == 200, claim.text
     live = chart(client, sid, "timeline")
     i = live["bars"]["ids"].index(claim.json()["trial_id"])
-    assert live["bars"]["status"][i] == "running" and live["bars"]["end"][i] == live["now"]
+    assert live["outcomes"][live["bars"]["outcome"][i]] == "running" and live["bars"]["end"][i] == live["now"]
     assert live["workers"][live["bars"]["worker"][i]]["name"] == "gpu-c"
 
 

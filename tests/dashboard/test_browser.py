@@ -325,3 +325,29 @@ def test_controls_answer_in_place_and_a_note_never_runs_script(site: dict, drive
     assert saved == f"saved {stored['updated_at'][:16].replace('T', ' ')} UTC"
     assert driver.execute_script("return document.querySelector('.note-view em').textContent") == "saved"
     assert not errors(driver)
+
+
+def test_timeline_draws_each_attempt_with_how_it_ended(driver: Any, tmp_path: Path) -> None:
+    """Issue 25, item 8: a trial preempted on one worker and completed on another is two bars, on
+    two rows, in the preempted and completed traces, and the caption counts the preemption. Its own
+    server: a claim takes the oldest pending trial of any study."""
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'attempts.db'}", artifact_root=tmp_path / "artifacts")
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        study = create(client, spec("attempts", num_trials=2))
+        offer = {"cpus": 64, "gpus": 8}
+        first = client.post("/api/v1/workers/claim", json={"worker_id": "spot-1", "resources": offer}).json()
+        body = {"lease_id": first["lease_id"], "kind": "preempted", "reason": "reclaimed"}
+        assert client.post(f"/api/v1/trials/{first['trial_id']}/fail", json=body).status_code == 200
+        second = client.post("/api/v1/workers/claim", json={"worker_id": "spot-2", "resources": offer}).json()
+        assert second["trial_id"] == first["trial_id"] and second["attempt"] == 2
+        done = client.post(f"/api/v1/trials/{second['trial_id']}/complete", json={"lease_id": second["lease_id"]})
+        assert done.status_code == 200
+        driver.get(f"{server.url}/studies/{study['id']}")
+        box = "document.querySelector('[data-chart=\"timeline\"]')"
+        driver.execute_script(f"{box}.scrollIntoView()")
+        wait(driver, f"return {box}.dataset.rendered")
+        traces = driver.execute_script(f"return {box}.data.map(t => [t.name, t.y.filter(y => y !== null)])")
+        assert {name: set(rows) for name, rows in traces} == {"preempted": {"spot-1"}, "completed": {"spot-2"}}
+        caption = driver.execute_script("return document.querySelector('[data-timeline-note]').textContent")
+        assert caption.startswith("2 workers, 2 attempts of 1 trial, ") and caption.endswith(", 1 preempted")
+        assert not errors(driver)
