@@ -121,6 +121,7 @@ class LiveServer:
     """The real app under uvicorn in a thread, on a free port."""
 
     def __init__(self, settings: Settings, server: ServerSettings | None = None) -> None:
+        self.settings = settings
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         app = create_app(settings, server=server)
