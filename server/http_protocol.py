@@ -25,7 +25,7 @@ import logging
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from .lograte import Tally
 
@@ -73,6 +73,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             super().on_headers_complete()
         finally:
             self.limit_concurrency, self.app = limit, app
+        if type(self.cycle) is RequestResponseCycle:  # its task has not started yet
+            self.cycle.__class__ = OneWriteCycle
 
     def on_message_complete(self) -> None:
         self._body_complete = True
@@ -112,6 +114,61 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._header_timer = self._body_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+class OneWriteCycle(RequestResponseCycle):
+    """uvicorn's request cycle, writing a response whose body comes in one message (every API
+    answer) to the socket once: uvicorn writes the status line and headers at
+    `http.response.start` and the body at `http.response.body`, two send() calls, each a TCP
+    segment that wakes the client (on loopback the kernel charges the delivery to the sender: two
+    fifths of a server process's CPU under bench/server_bench.py's claims)."""
+
+    _held: Any = None
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and not self.response_started and self._held is None:
+            self._held = message
+            return
+        held, self._held = self._held, None
+        if held is None:
+            await super().send(message)
+            return
+        if message["type"] != "http.response.body" or message.get("more_body", False):
+            await super().send(held)
+            await super().send(message)
+            return
+        transport = self.transport
+        self.transport = gathered = _Gathered(transport)  # type: ignore[assignment]
+        try:
+            await super().send(held)
+            await super().send(message)
+        finally:
+            self.transport = transport
+            gathered.flush()
+
+
+class _Gathered:
+    """A transport that holds what is written until `flush()` (or a close) writes it at once."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def flush(self) -> None:
+        if self.chunks:
+            data, self.chunks = b"".join(self.chunks), []
+            if not self.transport.is_closing():
+                self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
 
 
 _refused = Tally(_log, "refused %d requests over --limit-concurrency (requests in progress)")
