@@ -37,6 +37,7 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from analysis_bench import build_study  # noqa: E402
 
+from hpo.server.analysis.keeper import keep_all  # noqa: E402
 from hpo.server.db import Database  # noqa: E402
 
 KINDS = ("progress", "history", "axis", "parallel", "contour", "importance", "curves", "grad_norm", "isolation",
@@ -216,6 +217,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--browser-runs", type=int, default=3)
     parser.add_argument("--keep", metavar="DATABASE", help="build into (or reuse) this database and keep it")
+    parser.add_argument(
+        "--unkept",
+        action="store_true",
+        help="no curve statistics kept (a study no server saw complete): the first visit aggregates every point",
+    )
     args = parser.parse_args()
     name = args.keep or f"hpo_dash_bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(f"{args.url}/postgres", isolation_level="AUTOCOMMIT")
@@ -233,11 +239,18 @@ def main() -> None:
             study_id = conn.execute(text("SELECT min(id) FROM studies")).scalar()
         if study_id is None:
             study_id = build_study(db, args.trials, args.evals)
-        db.dispose()
         print(
             f"study of {args.trials} trials x {args.evals} evaluations x 3 metrics ready"
             f" in {time.perf_counter() - start:.0f} s"
         )
+        with db.engine.begin() as conn:
+            conn.execute(text("DELETE FROM curve_stats"))
+        if not args.unkept:
+            # What a running server's keeper thread (analysis.keeper) does as trials complete.
+            start = time.perf_counter()
+            kept, took = keep_all(db), time.perf_counter() - start
+            print(f"curve statistics of {kept} completed trials kept (analysis.keeper) in {took:.1f} s")
+        db.dispose()
         # Two fresh server processes, so both halves measure a first visit: nothing computed yet.
         summary: list[str] = []
         if shutil.which("chromium") and shutil.which("chromedriver"):

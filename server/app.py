@@ -16,6 +16,7 @@ from hpo.settings import Settings
 from . import charts as chart_data
 from . import leases, signing_key
 from .aio import AsyncDatabase
+from .analysis.keeper import Keeper
 from .api import analysis, charts, dashboard, errors, health, openapi, pipelines, signin, studies, trials, workers
 from .api.auth import Auth
 from .api.hostile import HostileInput
@@ -36,7 +37,6 @@ WARM_CONNECTIONS = 8  # a fleet's first burst of claims, spread over the server'
 
 def _warm_up(db: Database) -> None:
     db.warm_pool(WARM_CONNECTIONS)
-    chart_data.preload()
 
 
 def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettings | None = None) -> FastAPI:
@@ -54,8 +54,13 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
         reaper = asyncio.create_task(_reap_forever(db, settings.lease_seconds / 4))
         refiller = Refiller(db, processes=settings.bayesian_processes)  # bayesian proposal queues
         refiller.start()
-        # The importance chart's scikit-learn (and the pandas it pulls in) take half a second to
-        # import: done now, off the request path, so a study page's first visit does not wait.
+        keeper = Keeper(db)  # completed trials' curve statistics, kept off the request path
+        keeper.start()
+        # The importance chart's scikit-learn (and the pandas it pulls in) take 0.5-1.7 s of CPU to
+        # import: done before the server answers, so a study page's first visit neither waits for
+        # it nor shares the interpreter with it (a thread importing meanwhile held the GIL for a
+        # fifth of a loaded machine's first visit, docs/decisions.md).
+        await run_in_threadpool(chart_data.preload)
         threading.Thread(target=_warm_up, args=(db,), name="hpo-warm-up", daemon=True).start()
         if adb is not None:
             await adb.open()
@@ -66,6 +71,7 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
             if adb is not None:
                 await adb.close()
             await run_in_threadpool(refiller.stop)
+            await run_in_threadpool(keeper.stop)
             db.dispose()
 
     # The API docs are served by the dashboard router from assets in our own packages (offline).

@@ -82,10 +82,13 @@ def _store(session: Session, spec: StudySpec, drafts: list[layout.TrialDraft]) -
     return study.id
 
 
-def get_study(db: Database, study_id: int) -> StudyPublic:
+def get_study(db: Database, study_id: int, *, best: bool = True) -> StudyPublic:
+    """The study's public view. With `best` False, `best_trial_id` and `best_value` are None and
+    the divergence judgement that decides them is not run (the study page's HTML, which does not
+    show them, answers at once on a first visit instead of waiting for it)."""
     with db.transaction() as session:
         study = _study_or_404(session, study_id)
-        return _public(session, study)
+        return _public(session, study, best=best)
 
 
 def get_study_in(session: Session, study_id: int) -> StudyPublic:
@@ -316,14 +319,14 @@ def _ensure_name_free(session: Session, name: str) -> None:
         raise AlreadyExists(f"a study named {name!r} already exists")
 
 
-def _public(session: Session, study: Study) -> StudyPublic:
+def _public(session: Session, study: Study, *, best: bool = True) -> StudyPublic:
     counts = dict(
         session.execute(
             select(Trial.status, func.count()).where(Trial.study_id == study.id).group_by(Trial.status)
         ).all()
     )
     trial_counts = TrialCounts(**{status.value: n for status, n in counts.items()})
-    best = _best_trial(session, study)
+    best_trial = _best_trial(session, study) if best else None
     status = _effective_status(study, trial_counts)
     return StudyPublic(
         status_reason=status_reason(session, study) if status == "paused" else None,
@@ -338,8 +341,8 @@ def _public(session: Session, study: Study) -> StudyPublic:
         objective={"metric": study.objective_metric, "mode": study.objective_mode},
         spec=study.spec,
         trial_counts=trial_counts,
-        best_trial_id=best[0] if best else None,
-        best_value=best[1] if best else None,
+        best_trial_id=best_trial[0] if best_trial else None,
+        best_value=best_trial[1] if best_trial else None,
         created_at=study.created_at.isoformat(),
     )
 

@@ -89,12 +89,12 @@ def load_trials(
 def _load_trials(
     session: Session, study: queries.StudyInfo, horizon: float | None, rule: Rule
 ) -> tuple[list[TrialSummary], dict[str, queries.CurveStats]]:
-    trials = queries.trial_summaries(session, study.id)
     train = train_loss_name(study)
     names = curve_names(study.metric, train)
     stats = queries.curve_stats(session, study.id, names, horizon, train)
     if train != TRAIN_LOSS:  # a script's training loss is filed under hpo's name, for every reader
         stats = {TRAIN_LOSS if n == train else n: s for n, s in stats.items() if n != TRAIN_LOSS}
+    trials = queries.trial_summaries(session, study.id, _last_steps(stats))
     prefix = study.metric.rsplit("/", 1)[0] + "/" if "/" in study.metric else ""
     chance = chance_of(study.metric, queries.class_count(session, study.id, prefix))
     judged = [t for t in trials if _judged(t)]
@@ -105,8 +105,7 @@ def _load_trials(
         for tid in ids
         if (reason := diverged(curves.get(tid, {}), study.metric, study.mode, chance, rule, train)) is not None
     }
-    last = _last_steps(stats)
-    marked = [replace(t, diverged=reasons.get(t.id), last_step=last.get(t.id)) for t in trials]
+    marked = [replace(t, diverged=reasons[t.id]) if t.id in reasons else t for t in trials]
     return set_outliers_aside(session, marked, study.metric, study.mode), stats
 
 

@@ -67,8 +67,9 @@ def index(db: DatabaseDep, request: Request) -> HTMLResponse:
 def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResponse:
     """The page at once; the analysis' warnings and arm comparison are in it when the analysis of
     this study version was already computed, else the page fetches them (`analysis-sections`), so
-    a big study's first visit does not wait seconds for the checklist before drawing anything."""
-    study = studies.get_study(db, study_id)
+    a big study's first visit does not wait seconds for the checklist before drawing anything. The
+    page does not show the best trial, so it does not wait for the divergence judgement either."""
+    study = studies.get_study(db, study_id, best=False)
     with db.transaction() as session:
         labels = sorted({arm_label(arm) for arm in queries.arms_of(session, study_id)})
     return _page(
@@ -90,7 +91,7 @@ def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResp
 @router.get("/studies/{study_id}/analysis-sections", response_class=HTMLResponse)
 def study_analysis_sections(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResponse:
     """The study page's warnings and arm comparison, as HTML to insert (see `study_page`)."""
-    study = studies.get_study(db, study_id)
+    study = studies.get_study(db, study_id, best=False)
     analysis = memo.remember(db, study_id, "analysis", lambda: analyze_study(db, study_id))
     return _page("study_analysis.html", **_analysis_context(db, study, analysis), can_write=can_write(request))
 

@@ -82,3 +82,29 @@ def test_kept_statistics_are_read_back_and_recomputed_when_stale(db: Database) -
     assert len(more["valid/error_rate"].trial_ids) == 5 and 77.0 in more["valid/error_rate"].maximum.tolist()
     with db.engine.begin() as conn:
         assert conn.execute(text("SELECT count(*) FROM curve_stats")).scalar() == 10
+
+
+def test_the_keeper_keeps_what_the_analysis_reads(db: Database) -> None:
+    """The background keeper (analysis.keeper) aggregates completed trials with the names and
+    horizon the analysis asks for: the analysis then reads its rows back (a planted value shows it)
+    and computes nothing; a study with nothing left to keep is not listed again."""
+    from hpo.server.analysis import keeper
+    from hpo.server.analysis.divergence import curve_names, load_trials, train_loss_name
+
+    study_id = _study_with_completed_trials(db, 4)
+    assert keeper.studies_to_keep(db) == [study_id]
+    assert keeper.keep_all(db) == 4
+    assert keeper.studies_to_keep(db) == [] and keeper.keep_all(db) == 0
+    with db.transaction() as session:
+        info = queries.study_info(session, study_id)
+        names = curve_names(info.metric, train_loss_name(info))
+    with db.engine.begin() as conn:
+        assert conn.execute(text("SELECT count(*) FROM curve_stats")).scalar() == 4 * len(names)
+        kept = {r[0]: r[1] for r in conn.execute(text("SELECT name, count(*) FROM curve_stats GROUP BY name"))}
+        assert kept == dict.fromkeys(names, 4)
+        conn.execute(text("UPDATE curve_stats SET vmin = -5 WHERE name = :m"), {"m": info.metric})
+    with db.transaction() as session:
+        _, stats = load_trials(session, info)
+    assert stats[info.metric].minimum.tolist() == [-5.0] * 4  # read back, not aggregated again
+    _complete_one(db, 7)
+    assert keeper.studies_to_keep(db) == [study_id] and keeper.keep_all(db) == 1

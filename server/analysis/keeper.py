@@ -1,0 +1,100 @@
+"""Keeps the curve statistics of completed trials (`queries.curve_stats`) in the database as trials
+complete, from a thread of each server process, so that a study page's first visit, and the
+analysis' first call, read them instead of aggregating every metric point of the study on the
+request path (3,000,000 points took 1.1-2 s of Postgres, and up to 7 s on a loaded machine, of a
+first visit; docs/decisions.md).
+
+Each pass finds the studies with a completed trial that has no kept row for its attempt, and keeps
+the missing rows with the very function the analysis reads them through (`queries.
+keep_curve_stats`, with the names, horizon and training-loss name `divergence.load_trials` asks
+for), so a kept row is always one the analysis would have computed; one whose key no longer holds
+(a changed spec) is recomputed at read as before. On Postgres an advisory lock per study makes one
+process of several do the work. The first pass looks at every trial; later passes at the trials
+finished since the previous pass (with a minute's margin)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, text
+
+from ..db import Database
+from ..errors import StorageError, one_line
+from ..models import Trial
+from . import queries
+from .divergence import curve_names, train_loss_name
+
+_log = logging.getLogger("hpo.server.analysis")
+
+INTERVAL = 10.0  # seconds between passes
+_MARGIN = timedelta(minutes=1)
+_LOCK_CLASS = 0x68706F  # advisory lock namespace (`hpo`), the study id being the second key
+
+_UNKEPT = """
+SELECT DISTINCT t.study_id FROM trials t
+WHERE t.status = 'completed' {since}
+  AND NOT EXISTS (SELECT 1 FROM curve_stats c WHERE c.trial_id = t.id AND c.attempt = t.attempt)
+"""
+
+
+def keep_study(db: Database, study_id: int) -> int:
+    """Keeps the missing curve statistics of one study's completed trials (see the module doc);
+    answers how many trials it aggregated (0 when another process holds the study's lock)."""
+    with db.transaction() as session:
+        if not db.is_sqlite:
+            mine = session.execute(text("SELECT pg_try_advisory_xact_lock(:c, :s)"), {"c": _LOCK_CLASS, "s": study_id})
+            if not mine.scalar():
+                return 0
+        study = queries.study_info(session, study_id)
+        train = train_loss_name(study)
+        names = curve_names(study.metric, train)
+        return queries.keep_curve_stats(session, study.id, names, queries.horizon(session, study), train)
+
+
+def studies_to_keep(db: Database, since: datetime | None = None) -> list[int]:
+    """The studies with a completed trial (finished at or after `since`, when given) whose curve
+    statistics were never kept for its attempt."""
+    clause = "AND t.finished_at >= :since" if since is not None else ""
+    params: dict[str, Any] = {"since": since} if since is not None else {}
+    with db.transaction() as session:
+        return sorted(session.execute(text(_UNKEPT.format(since=clause)), params).scalars())
+
+
+def keep_all(db: Database, since: datetime | None = None) -> int:
+    """One pass over every study that needs it; answers how many trials were aggregated."""
+    return sum(keep_study(db, study_id) for study_id in studies_to_keep(db, since))
+
+
+class Keeper:
+    """The background thread: a pass every `interval` seconds (the first after one interval) until
+    `stop()`."""
+
+    def __init__(self, db: Database, *, interval: float = INTERVAL) -> None:
+        self.db = db
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hpo-curve-stats-keeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        since: datetime | None = None
+        # The first pass waits an interval: a first visit right after the start must not race it.
+        while not self._stop.wait(self.interval):
+            try:
+                with self.db.transaction() as session:
+                    newest = session.execute(select(func.max(Trial.finished_at))).scalar()
+                keep_all(self.db, since)
+                since = None if newest is None else newest - _MARGIN
+            except StorageError as exc:  # the database is away: one line, not a traceback a tick
+                _log.warning("curve statistics keeper: %s; retrying", one_line(exc))
+            except Exception:  # the loop must outlive a failed pass
+                _log.exception("curve statistics keeper failed; retrying")
