@@ -85,7 +85,7 @@ class HotPath:
                 command_prefixes=tuple(tuple(p) for p in body.capabilities.commands),
                 env_globs=tuple(body.capabilities.env),
             )
-            if not _runs(policy, answer.study_id, dict(answer.config.get("trainer") or {})):
+            if not _runs(policy, dict(answer.config.get("trainer") or {})):
                 # Handed back as it was; the route's search (skipping that study) takes over.
                 await run_in_threadpool(leases._hand_back, adb.db, answer.trial_id, answer.lease_id)
                 return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request, Response, status
@@ -48,7 +49,7 @@ def claim(request: Request, db: DatabaseDep, settings: SettingsDep, body: ClaimR
             offered.cpus,
             offered.gpus,
             settings.lease_seconds,
-            lambda study_id, trainer: _runs(policy, study_id, trainer),
+            lambda _study_id, trainer: _runs(policy, trainer),
         )
     if answer is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -60,14 +61,15 @@ def claim(request: Request, db: DatabaseDep, settings: SettingsDep, body: ClaimR
     return Response(answer.model_dump_json(), media_type="application/json")
 
 
-# A study's trainer settings never change, so whether a policy runs them is asked once per
-# (policy, study); bounded, since a fleet has few policies and a server sees many studies.
-_RUNS: dict[tuple[ExecutionPolicy, int], bool] = {}
+# Whether a policy runs a trainer is asked once per (policy, trainer settings); bounded, since a
+# fleet has few policies and a server sees few distinct trainers. Keyed by the settings themselves,
+# not the study id: an id names another study in another database (a test's, a restored one).
+_RUNS: dict[tuple[ExecutionPolicy, str], bool] = {}
 _RUNS_LIMIT = 4096
 
 
-def _runs(policy: ExecutionPolicy, study_id: int, trainer: dict[str, Any]) -> bool:
-    key = (policy, study_id)
+def _runs(policy: ExecutionPolicy, trainer: dict[str, Any]) -> bool:
+    key = (policy, json.dumps(trainer, sort_keys=True, default=str))
     known = _RUNS.get(key)
     if known is None:
         if len(_RUNS) >= _RUNS_LIMIT:

@@ -115,3 +115,29 @@ def test_a_trial_the_worker_may_not_run_is_handed_back_and_skipped(
     allowed = _claim(http, capabilities={"workloads": ["mylab.*"], "commands": [], "env": []})
     assert allowed.status_code == 200 and allowed.json()["attempt"] == 1
     assert calls["claim"] == 2
+
+
+def test_whether_a_worker_runs_a_study_is_not_taken_from_another_database_s_study(
+    postgres_template: str, served: tuple[httpx.Client, Database], calls: dict[str, int]
+) -> None:
+    """Study ids start at 1 in every database: what a worker may run was once remembered per study
+    id, so a built-in study 1 of another database (a test's, a restored one) made this server hand
+    out its own study 1, a workload the worker refuses."""
+    from tests.conftest import _clone_postgres, _drop_postgres
+
+    name, other_url = _clone_postgres(postgres_template)
+    try:
+        settings = Settings(database_url=other_url, artifact_root=Path("/nonexistent"), lease_seconds=60)
+        other_db = Database(other_url)
+        builtin_study = studies.create_study(other_db, SPEC)
+        with LiveServer(settings) as other, httpx.Client(base_url=other.url, timeout=30) as other_http:
+            ran = _claim(other_http, capabilities={"workloads": [], "commands": [], "env": []})
+            assert ran.status_code == 200 and ran.json()["study_id"] == builtin_study.id
+        other_db.dispose()
+    finally:
+        _drop_postgres(name)
+    http, db = served
+    spec = {**SPEC, "trainer": {"workload": "mylab.models:Net"}}
+    workload_study = studies.create_study(db, spec, ExecutionPolicy(workload_globs=("mylab.*",)))
+    assert workload_study.id == builtin_study.id
+    assert _claim(http, capabilities={"workloads": [], "commands": [], "env": []}).status_code == 204
