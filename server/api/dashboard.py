@@ -18,10 +18,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
+from starlette.background import BackgroundTask
 
 from hpo.command_template import expand
 
-from .. import evidence, notes, pipelines, studies, trial_table, trials
+from .. import charts, evidence, notes, pipelines, studies, trial_table, trials
 from ..analysis import memo, queries
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import analyze_study, resume_advice
@@ -72,7 +73,7 @@ def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResp
     study = studies.get_study(db, study_id, best=False)
     with db.transaction() as session:
         labels = sorted({arm_label(arm) for arm in queries.arms_of(session, study_id)})
-    return _page(
+    page = _page(
         "study.html",
         **_analysis_context(db, study, memo.peek(db, study_id, "analysis")),
         progress=progress(study.trial_counts),
@@ -86,6 +87,9 @@ def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResp
         round_id=study.spec.get("round_id"),
         pipeline_id=study.spec.get("pipeline_id"),
     )
+    # After the answer: the charts the page is about to ask for start from these summaries.
+    page.background = BackgroundTask(charts.warm, db, study_id)
+    return page
 
 
 @router.get("/studies/{study_id}/analysis-sections", response_class=HTMLResponse)

@@ -144,6 +144,7 @@
     // first report): a page scrolled past its charts, or one whose charts are all further down.
     if (done === requested && !document.body.dataset.chartsReadyAt) {
       document.body.dataset.chartsReadyAt = String(Math.round(performance.now()));
+      document.dispatchEvent(new Event("hpo:charts-ready"));
     }
   };
 

@@ -60,26 +60,64 @@
     return hpo.draw(box, traces, hpo.layout({ xaxis: { title: { text: "trial number" } }, yaxis: { title: { text: metric } } }), "history");
   };
 
+  // Panels draw as they come near the viewport (as whole charts do): on a first visit only the
+  // panels in view cost a draw (the axis chart's five panels took 0.9 s of a 2.3 s first visit at
+  // 5,000 trials), and one panel per task (a macrotask between them), so a chart of several big
+  // panels never holds the main thread for their sum (one 2.7 s task at 50,000 trials).
+  // The chart counts as drawn once the panels in view are.
   function panels(box, items, drawOne) {
+    if (box._panelWatch) box._panelWatch.disconnect();
     box.innerHTML = "";
-    var total = 0;
     var t0 = performance.now();
-    return Promise.all(items.map(function (item) {
+    var specs = items.map(drawOne);
+    var total = specs.reduce(function (n, spec) {
+      return n + spec.traces.reduce(function (k, t) { return k + (t.x ? t.x.length : 0); }, 0);
+    }, 0);
+    var divs = specs.map(function (spec) {
       var div = document.createElement("div");
       div.className = "plot panel";
+      div.style.minHeight = ((spec.layout && spec.layout.height) || 320) + "px";
       box.appendChild(div);
-      var spec = drawOne(item);
-      total += spec.traces.reduce(function (n, t) { return n + (t.x ? t.x.length : 0); }, 0);
+      return div;
+    });
+    function drawPanel(i) {
+      var div = divs[i], spec = specs[i];
+      if (div.dataset.drawn) return Promise.resolve();
+      div.dataset.drawn = "1";
       return hpo.plot(div, spec.traces, spec.layout, hpo.config(spec.name)).then(function () {
         div.on("plotly_click", function (ev) {
           var p = ev && ev.points && ev.points[0];
           if (p && p.customdata) window.location.href = "/trials/" + p.customdata;
         });
       });
-    })).then(function () {
+    }
+    function near(div) {
+      var r = div.getBoundingClientRect();
+      return r.top < window.innerHeight + 200 && r.bottom > -200;
+    }
+    var first = divs.map(function (div, i) { return near(div) ? i : -1; }).filter(function (i) { return i >= 0; });
+    if (!first.length) first = [0];
+    var chain = Promise.resolve();
+    first.forEach(function (i) {
+      chain = chain.then(function () { return drawPanel(i); })
+        .then(function () { return new Promise(function (resolve) { setTimeout(resolve, 0); }); });
+    });
+    return chain.then(function () {
+      var later = Promise.resolve();
+      var watch = new IntersectionObserver(function (entries) {
+        entries.forEach(function (entry) {
+          if (!entry.isIntersecting) return;
+          watch.unobserve(entry.target);
+          var i = divs.indexOf(entry.target);
+          later = later.then(function () { return drawPanel(i); });
+        });
+      }, { rootMargin: "200px" });
+      divs.forEach(function (div) { if (!div.dataset.drawn) watch.observe(div); });
+      box._panelWatch = watch;
       box.dataset.rendered = "1";
       box.dataset.drawMs = String(Math.round(performance.now() - t0));
       box.dataset.points = String(total);
+      box.dataset.panels = String(divs.length);
       box.dataset.empty = "0";
       hpo.settled();
     });
@@ -667,7 +705,22 @@
       .then(function (html) { sections.innerHTML = html; sections.dataset.loaded = "1"; drawBayesian(); })
       .catch(function (e) { sections.dataset.loaded = "0"; sections.querySelectorAll("p.empty").forEach(function (p) { p.textContent = "Could not run the checklist: " + e.message; }); });
   }
-  if (sections && sections.dataset.pending) loadSections();
+  // On a first visit the checklist is asked for once the charts in view have drawn: computed at
+  // the same time, it shared the server's cores with them (docs/decisions.md).
+  // (at the latest after 10 s: a tab opened in the background draws nothing until shown).
+  function afterCharts(fn) {
+    if (document.body.dataset.chartsReadyAt) return fn();
+    var done = false;
+    var once = function () {
+      if (done) return;
+      done = true;
+      document.removeEventListener("hpo:charts-ready", once);
+      fn();
+    };
+    document.addEventListener("hpo:charts-ready", once);
+    setTimeout(once, 10000);
+  }
+  if (sections && sections.dataset.pending) afterCharts(loadSections);
   else if (sections) { sections.dataset.loaded = "1"; drawBayesian(); }
 
   function poll() {

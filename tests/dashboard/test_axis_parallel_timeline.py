@@ -128,3 +128,8 @@ def test_thinning_keeps_the_best_and_an_even_sample() -> None:
     assert thin(trials[:10], 1.0) == trials[:10]
     maximised = thin(trials, -1.0, budget=2000)
     assert max(trials, key=lambda t: t.objective or 0.0) in maximised
+    # An axis panel's budget (1,000): the best half of it, and still a sample of the whole study.
+    panel = thin(trials, 1.0, budget=1000)
+    assert len(panel) == 1000
+    assert {t.id for t in best[:500]} <= {t.id for t in panel} and best[500].id not in {t.id for t in panel}
+    assert min(t.number for t in panel if t.id not in {b.id for b in best}) < 50
