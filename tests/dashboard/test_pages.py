@@ -127,3 +127,24 @@ def test_pipeline_and_round_pages_and_their_links(client: httpx.Client) -> None:
 
     for path in ("/pipelines/999999", "/rounds/999999"):
         assert client.get(path, headers={"Accept": "text/html"}).status_code == 404
+
+
+def test_the_study_page_starts_the_judgement_its_charts_start_from(client: httpx.Client) -> None:
+    """Once the study page has answered, the trial summaries every chart starts from are being
+    computed (charts.warm), so the charts the page asks for next do not each wait for them."""
+    import time
+
+    from hpo.server.analysis import memo
+
+    study = create(client, conditional_spec(num_trials=10))
+    run_pending(client, with_failures)
+    memo.clear()
+    page(client, f"/studies/{study['id']}")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if any(key[1] == study["id"] and key[2][0] == "load_trials" for key in list(memo._ENTRIES)):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the study page did not start the trial summaries")
+    assert client.get(f"{API}/studies/{study['id']}/charts/history").status_code == 200
