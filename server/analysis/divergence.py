@@ -20,6 +20,7 @@ on the axis plots and charts, and they leave the best-of-k bootstrap."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -233,9 +234,11 @@ def _best_few(trials: Iterable[TrialSummary], sign: float, few: int) -> list[int
         if t.feasible:
             groups.setdefault((t.arm_key, t.replica_of), []).append(t)
     out: list[int] = []
-    for group in groups.values():
-        group.sort(key=lambda t: (sign * float(t.objective or 0.0), t.number))
-        out.extend(t.id for t in group[:few])
+    def rank(t: TrialSummary) -> tuple[float, int]:
+        return (sign * float(t.objective or 0.0), t.number)
+
+    for group in groups.values():  # nsmallest: sorted(...)[:few] without sorting 50,000 trials
+        out.extend(t.id for t in heapq.nsmallest(few, group, key=rank))
     return out
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import msgspec
 import numpy as np
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -72,6 +73,18 @@ FROM trials WHERE study_id = :study_id ORDER BY number
 """
 
 
+_DECODE = msgspec.json.Decoder().decode
+
+
+def _params(document: str) -> Any:
+    """A trial's params document, decoded in C by msgspec (json.loads was 15 % of the judgement
+    every chart starts from at 50,000 trials); json.loads for what only it reads (NaN)."""
+    try:
+        return _DECODE(document)
+    except msgspec.DecodeError:
+        return json.loads(document)
+
+
 def trial_summaries(
     session: Session, study_id: int, last_steps: Mapping[int, int] | None = None
 ) -> list[TrialSummary]:
@@ -90,7 +103,7 @@ def trial_summaries(
                 id=r.id,
                 number=r.number,
                 arm=arm,
-                params=(json.loads(r.params) if r.params else None) or {},
+                params=(_params(r.params) if r.params else None) or {},
                 status=TrialStatus(r.status).value,
                 objective=r.objective_value,
                 best_step=r.best_step,

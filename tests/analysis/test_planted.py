@@ -185,3 +185,17 @@ def test_replicas_measure_trial_variance_and_flag_arms_within_noise(client: http
     assert after["comparison"]["verdict"] == "within_noise" and after["trial_variance"]["measured"] is True
     assert kinds(after) == ["replicas_recommended", "within_noise"]
     assert all(a["n_trials"] == 8 for a in after["arms"])  # replicas are not counted as search trials
+
+
+def test_an_arm_s_key_is_its_json_whatever_the_cache_holds() -> None:
+    """arm_key keeps each arm's key (50,000 trials asked for theirs): 1, 1.0 and True are equal as
+    cache keys but are three arms, and a list value is not kept but still keyed."""
+    import json
+
+    from hpo.server.analysis.model import arm_key
+
+    arms = [{"b": 1, "a": "x"}, {"a": 1}, {"a": 1.0}, {"a": True}, {"a": None}, {"a": [1, 2]}, {}]
+    for _ in range(2):
+        for arm in arms:
+            assert arm_key(arm) == json.dumps(arm, sort_keys=True, default=str)
+    assert arm_key({"a": "x", "b": 1}) == arm_key({"b": 1, "a": "x"})
