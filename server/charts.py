@@ -9,6 +9,7 @@ trial cannot flatten the rest (playbook, "Examining the training curves")."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import math
@@ -277,8 +278,10 @@ def thin(trials: Sequence[TrialSummary], sign: float, budget: int = THIN_POINTS)
     rest, in trial order."""
     if len(trials) <= budget:
         return list(trials)
-    ranked = sorted(trials, key=lambda t: (t.objective is None, sign * float(t.objective or 0.0), t.id))
-    best = ranked[: min(THIN_BEST, budget // 2)]
+    # nsmallest is sorted(...)[:k] without sorting every trial (five panels of 50,000)
+    best = heapq.nsmallest(
+        min(THIN_BEST, budget // 2), trials, key=lambda t: (t.objective is None, sign * float(t.objective or 0.0), t.id)
+    )
     kept = {t.id for t in best}
     rest = [t for t in trials if t.id not in kept]
     step = len(rest) / max(1, budget - len(best))
@@ -801,7 +804,7 @@ def importance(
     objective's `variance` (by default over `trials`; a subset's importances are measured against
     the whole study's variance so that they compare with the others). Needs 8 completed trials."""
     base: dict[str, Any] = {"method": IMPORTANCE_METHOD, "n": len(trials), "params": []}
-    varied = [d for d in dims if len({str(t.params.get(d.name)) for t in trials}) > 1]
+    varied = [d for d in dims if _varies(d.name, trials)]
     if len(trials) < 8 or not varied:
         return {**base, "message": "needs at least 8 completed trials and a hyperparameter that varies"}
     from sklearn.ensemble import RandomForestRegressor
@@ -835,6 +838,13 @@ def importance(
         for dim, r in zip(varied, rises, strict=True)
     ]
     return {**base, "params": sorted(params, key=lambda p: -p["importance"])}
+
+
+def _varies(name: str, trials: Sequence[TrialSummary]) -> bool:
+    """Whether hyperparameter `name` takes two values among `trials` (stops at the second)."""
+    values = (str(t.params.get(name)) for t in trials)
+    first = next(values, None)
+    return any(v != first for v in values)
 
 
 def _permutation_rises(
