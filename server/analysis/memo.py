@@ -101,6 +101,11 @@ def _remember(bind: int, study_id: int, what: Any, current: tuple[str, ...], com
         return value
 
 
+def one_at_a_time(db: Database, study_id: int, what: Any) -> contextlib.AbstractContextManager[None]:
+    """A lock per (database, study, `what`), held while one computation of that kind runs."""
+    return _flight((id(db.engine), study_id, ("one at a time", what)))
+
+
 @contextlib.contextmanager
 def _flight(key: tuple[int, int, Any]) -> Iterator[None]:
     """Holds the question's lock (single flight), created on first need, removed by the last user."""

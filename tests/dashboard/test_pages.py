@@ -148,3 +148,25 @@ def test_the_study_page_starts_the_judgement_its_charts_start_from(client: httpx
     else:
         raise AssertionError("the study page did not start the trial summaries")
     assert client.get(f"{API}/studies/{study['id']}/charts/history").status_code == 200
+
+
+def test_a_study_s_charts_asked_at_once_answer_as_one_by_one(client: httpx.Client) -> None:
+    """A study's charts are computed one at a time (charts._computed) while the page's warm-up
+    runs beside them: asked for at once, as the page does, every one answers, and as when asked
+    one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hpo.server.analysis import memo
+
+    study = create(client, conditional_spec(num_trials=12))
+    run_pending(client, with_failures)
+    kinds = ["history", "axis", "isolation", "importance", "best_steps", "budget"]
+    paths = [f"{API}/studies/{study['id']}/charts/{kind}" for kind in kinds]
+    one_by_one = [client.get(path).json() for path in paths]
+    memo.clear()
+    with ThreadPoolExecutor(len(paths) + 1) as pool:
+        page_done = pool.submit(page, client, f"/studies/{study['id']}")
+        answers = list(pool.map(lambda path: client.get(path), paths))
+        page_done.result()
+    assert [a.status_code for a in answers] == [200] * len(paths)
+    assert [a.json() for a in answers] == one_by_one
