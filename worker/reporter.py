@@ -126,7 +126,8 @@ class HttpReporter:
         self._records_lock = threading.Lock()
         self._recorded: dict[int, tuple[str, float | None]] = {}  # records the server holds: uri, objective
         self._delivered_step = -1
-        self._unflushed = 0
+        self._unflushed = 0  # points reported and not yet sent (the trainer's thread adds, the flush's subtracts)
+        self._count_lock = threading.Lock()
         self._wake, self._closing = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._flush_loop, name=f"hpo-reporter-{trial_id}", daemon=True)
         self.lease_lost = False
@@ -142,8 +143,10 @@ class HttpReporter:
         """Counts the points toward the next flush; the points themselves are read from the file."""
         if self.first_step_at is None:
             self.first_step_at = time.time()
-        self._unflushed += len(values)
-        if self._unflushed >= self._flush_points:
+        with self._count_lock:
+            self._unflushed += len(values)
+            due = self._unflushed >= self._flush_points
+        if due:
             self._wake.set()
 
     def checkpoint(self, step: int, path: str | Path, objective_value: float | None) -> None:
@@ -292,7 +295,10 @@ class HttpReporter:
             _log.error("trial %d: %d metric points refused, dropped: %s", self._trial_id, len(points), exc)
         self.delivered_points += len(points)
         self._delivered_step = max(self._delivered_step, max(p["step"] for p in points))
-        self._unflushed = 0
+        # Less what was sent, not zero: points reported while this batch was read and sent are
+        # still to send (a reset lost them, and the next flush waited for flush_seconds).
+        with self._count_lock:
+            self._unflushed = max(0, self._unflushed - len(points))
 
     def _leftovers(self) -> Undelivered:
         with self._records_lock:
