@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument(
         "--unkept",
         action="store_true",
-        help="no curve statistics kept (a study no server saw complete): the first visit aggregates every point",
+        help="nothing kept (a study no server saw complete): the first visit aggregates every point",
     )
     args = parser.parse_args()
     name = args.keep or f"hpo_dash_bench_{uuid.uuid4().hex[:8]}"
@@ -245,11 +245,12 @@ def main() -> None:
         )
         with db.engine.begin() as conn:
             conn.execute(text("DELETE FROM curve_stats"))
+            conn.execute(text("DELETE FROM curve_sketches"))
         if not args.unkept:
             # What a running server's keeper thread (analysis.keeper) does as trials complete.
             start = time.perf_counter()
             kept, took = keep_all(db), time.perf_counter() - start
-            print(f"curve statistics of {kept} completed trials kept (analysis.keeper) in {took:.1f} s")
+            print(f"curve statistics and sketches of {kept} completed trials kept (analysis.keeper) in {took:.1f} s")
         db.dispose()
         # Two fresh server processes, so both halves measure a first visit: nothing computed yet.
         summary: list[str] = []

@@ -19,10 +19,10 @@ from datetime import datetime, timezone
 from typing import Any, Literal, get_args
 
 import numpy as np
-from sqlalchemy import bindparam, func, select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from .analysis import memo, queries
+from .analysis import memo, queries, sketches
 from .analysis.aliases import CHECKED_METRICS, aliases_of, metric_name, missing_metric, setting
 from .analysis.arms import arm_summaries
 from .analysis.divergence import load_trials
@@ -52,7 +52,7 @@ ChartKind = Literal[
     "timeline",
 ]
 CHART_KINDS: tuple[str, ...] = get_args(ChartKind)
-CURVE_POINTS = 60  # points per curve after downsampling: enough for the shape, cheap for 1,000 curves
+CURVE_POINTS = sketches.POINTS
 MAX_CURVES = 5000
 # Curves drawn by default: every trial of most studies; past that the best ones (a thousand
 # overlapping curves is a texture, not a plot; the person can ask for up to MAX_CURVES).
@@ -874,32 +874,6 @@ def _permutation_rises(
 
 # --- curves -----------------------------------------------------------------------------------
 
-# One averaged point per step bucket and trial, in the database: only the downsampled curves
-# leave it. Integer division buckets the steps on both SQLite and Postgres.
-_DOWNSAMPLED = """
-SELECT trial_id, min(step) AS step, avg(value) AS value, max(nonfinite) AS nonfinite
-FROM metric_points
-WHERE trial_id IN :ids AND name = :name
-GROUP BY trial_id, step / :width
-ORDER BY trial_id, step
-"""
-
-
-def downsampled(session: Session, trial_ids: Sequence[int], name: str, width: int) -> dict[int, tuple[list, list]]:
-    """`{trial_id: (steps, values)}` of metric `name`, one averaged point per `width` steps; a
-    bucket with only non-finite values answers None for its value."""
-    if not trial_ids:
-        return {}
-    statement = text(_DOWNSAMPLED).bindparams(bindparam("ids", expanding=True))
-    out: dict[int, tuple[list, list]] = {}
-    for chunk in range(0, len(trial_ids), 1000):  # bounded IN lists
-        ids = list(trial_ids[chunk : chunk + 1000])
-        for r in session.execute(statement, {"ids": ids, "name": name, "width": max(1, int(width))}):
-            steps, values = out.setdefault(r.trial_id, ([], []))
-            steps.append(r.step)
-            values.append(r.value)
-    return out
-
 
 def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
     """Curves of `metric` (default: the objective) for the best `limit` original trials
@@ -926,9 +900,8 @@ def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any])
     replicas = [t for t in trials if t.replica_of in shown][: max(0, limit)]
     chosen = [*ranked, *replicas]
     ranks = {t.id: rank for rank, t in enumerate(ranked, start=1)}
-    horizon = horizon_of(session, study) or 1.0
-    width = max(1, math.ceil(horizon / max(points, 2)))
-    raw = downsampled(session, [t.id for t in chosen], own, width)
+    width = sketches.bucket_width(horizon_of(session, study), points)
+    raw = sketches.curves(session, [t.id for t in chosen], own, width)
     curves: list[dict[str, Any]] = []
     for t in chosen:
         steps, values = raw.get(t.id, ([], []))
@@ -983,12 +956,12 @@ def trial_curves(db: Database, trial_id: int, points: int = 400) -> dict[str, An
         ]
         last = session.execute(text("SELECT max(step) FROM metric_points WHERE trial_id = :id"), {"id": trial_id})
         horizon = horizon_of(session, study) or float(last.scalar() or 1)
-        width = max(1, math.ceil(horizon / points))
+        width = sketches.bucket_width(horizon, points)
         aliases = aliases_of(study.spec)
         hpo_name = {metric_name(aliases, n): n for n in ANALYSIS_METRICS if metric_name(aliases, n) != n}
         metrics = []
         for name in names:
-            steps, values = downsampled(session, [trial_id], name, width).get(trial_id, ([], []))
+            steps, values = sketches.downsampled(session, [trial_id], name, width).get(trial_id, ([], []))
             alias = hpo_name.get(name)  # the script's own name for one of hpo's (analysis.aliases)
             log = is_loss(alias or name) and all(v is None or v > 0 for v in values)
             # one trial's own curve: every point in view (robust limits are for many curves)

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     String,
@@ -206,6 +207,24 @@ class CurveStat(Base):
     sxy: Mapped[float | None] = mapped_column(Double)
     syy: Mapped[float | None] = mapped_column(Double)
     s1: Mapped[int | None] = mapped_column(Integer)
+
+
+class CurveSketch(Base):
+    """One completed trial's curve of one metric as the study page's curves chart draws it: one
+    point per `width` steps, the bucket's first step and mean value (`analysis.sketches`), kept so
+    the chart reads a row per trial instead of every point of its best trials. It holds for the
+    trial's `attempt` and that `width`; anything else is aggregated from the points. `steps` and
+    `means` are little-endian int64 and float64 arrays, a mean NaN where a bucket held only
+    non-finite values. No foreign key, as for metric_points (nothing deletes trials)."""
+
+    __tablename__ = "curve_sketches"
+
+    trial_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    width: Mapped[int] = mapped_column(Integer)
+    steps: Mapped[bytes] = mapped_column(LargeBinary)
+    means: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class TrialAttempt(Base):

@@ -1,16 +1,18 @@
-"""Keeps the curve statistics of completed trials (`queries.curve_stats`) in the database as trials
-complete, from a thread of each server process, so that a study page's first visit, and the
-analysis' first call, read them instead of aggregating every metric point of the study on the
-request path (3,000,000 points took 1.1-2 s of Postgres, and up to 7 s on a loaded machine, of a
-first visit; docs/decisions.md).
+"""Keeps the curve statistics of completed trials (`queries.curve_stats`), and their downsampled
+curves as the curves chart draws them (`sketches`), in the database as trials complete, from a
+thread of each server process, so that a study page's first visit, and the analysis' first call,
+read them instead of aggregating every metric point of the study on the request path (3,000,000
+points took 1.1-2 s of Postgres, and up to 7 s on a loaded machine, of a first visit;
+docs/decisions.md).
 
 Each pass finds the studies with a completed trial that has no kept row for its attempt, and keeps
 the missing rows with the very function the analysis reads them through (`queries.
 keep_curve_stats`, with the names, horizon and training-loss name `divergence.load_trials` asks
-for), so a kept row is always one the analysis would have computed; one whose key no longer holds
-(a changed spec) is recomputed at read as before. On Postgres an advisory lock per study makes one
-process of several do the work. The first pass looks at every trial; later passes at the trials
-finished since the previous pass (with a minute's margin)."""
+for; `sketches.keep` with the chart's default width), so a kept row is always one the reader would
+have computed; one whose key no longer holds (a changed spec) is recomputed at read as before. On
+Postgres an advisory lock per study makes one process of several do the work. The first pass looks
+at every trial; later passes at the trials finished since the previous pass (with a minute's
+margin)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from sqlalchemy import func, select, text
 from ..db import Database
 from ..errors import StorageError, one_line
 from ..models import Trial
-from . import queries
+from . import queries, sketches
 from .divergence import curve_names, train_loss_name
 
 _log = logging.getLogger("hpo.server.analysis")
@@ -36,7 +38,8 @@ _LOCK_CLASS = 0x68706F  # advisory lock namespace (`hpo`), the study id being th
 _UNKEPT = """
 SELECT DISTINCT t.study_id FROM trials t
 WHERE t.status = 'completed' {since}
-  AND NOT EXISTS (SELECT 1 FROM curve_stats c WHERE c.trial_id = t.id AND c.attempt = t.attempt)
+  AND (NOT EXISTS (SELECT 1 FROM curve_stats c WHERE c.trial_id = t.id AND c.attempt = t.attempt)
+       OR NOT EXISTS (SELECT 1 FROM curve_sketches s WHERE s.trial_id = t.id AND s.attempt = t.attempt))
 """
 
 
@@ -51,7 +54,10 @@ def keep_study(db: Database, study_id: int) -> int:
         study = queries.study_info(session, study_id)
         train = train_loss_name(study)
         names = curve_names(study.metric, train)
-        return queries.keep_curve_stats(session, study.id, names, queries.horizon(session, study), train)
+        horizon = queries.horizon(session, study)
+        aggregated = queries.keep_curve_stats(session, study.id, names, horizon, train)
+        sketched = sketches.keep(session, study.id, names, sketches.bucket_width(horizon))
+        return max(aggregated, sketched)
 
 
 def studies_to_keep(db: Database, since: datetime | None = None) -> list[int]:
