@@ -30,7 +30,7 @@ from .analysis.model import TrialSummary, arm_label, fmt
 from .analysis.plotdata import plot_data
 from .analysis.service import horizon_of, json_safe
 from .analysis.space import Dimension, dimensions
-from .db import Database
+from .db import Database, epoch_seconds
 from .errors import InvalidInput, NotFound
 from .models import Trial, TrialAttempt, TrialStatus
 from .spec import ANALYSIS_METRICS
@@ -523,15 +523,15 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
         select(
             Trial.id,
             Trial.status,
-            Trial.started_at,
-            Trial.finished_at,
+            epoch_seconds(Trial.started_at).label("started_at"),
+            epoch_seconds(Trial.finished_at).label("finished_at"),
             Trial.worker_id,
             Trial.attempt.label("attempts"),
             Trial.replica_of,
             TrialAttempt.attempt,
             TrialAttempt.worker_id.label("attempt_worker"),
-            TrialAttempt.started_at.label("attempt_start"),
-            TrialAttempt.ended_at,
+            epoch_seconds(TrialAttempt.started_at).label("attempt_start"),
+            epoch_seconds(TrialAttempt.ended_at).label("ended_at"),
             TrialAttempt.outcome,
         )
         .outerjoin(TrialAttempt, TrialAttempt.trial_id == Trial.id)
@@ -544,7 +544,7 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
     bars: dict[str, list[Any]] = {k: [] for k in keys}
     spans: dict[int, list[tuple[float, float]]] = {}
     trials_on: dict[int, set[int]] = {}
-    t0 = _ts(rows[0].attempt_start or rows[0].started_at) if rows else 0.0
+    t0 = (rows[0].attempt_start if rows[0].attempt_start is not None else rows[0].started_at) if rows else 0.0
     for r in rows:
         start, end, outcome = _attempt_span(r, now)
         w = names.setdefault(r.attempt_worker or r.worker_id or "(unknown)", len(names))
@@ -580,18 +580,19 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
 
 
 def _attempt_span(r: Any, now: float) -> tuple[float, float, str]:
-    """(start, end, outcome) of one attempt row, or of a trial without recorded attempts."""
+    """(start, end, outcome) of one attempt row (times in seconds since the epoch), or of a trial
+    without recorded attempts."""
     if r.attempt is None:  # started before migration 0011: one bar, first start to finish
-        start = _ts(r.started_at)
-        end = now if r.finished_at is None else max(start, _ts(r.finished_at))
+        start = r.started_at
+        end = now if r.finished_at is None else max(start, r.finished_at)
         return start, end, r.status.value
-    start = _ts(r.attempt_start)
+    start = r.attempt_start
     if r.ended_at is not None:
-        return start, max(start, _ts(r.ended_at)), r.outcome if r.outcome in _OUTCOME_INDEX else "unknown"
+        return start, max(start, r.ended_at), r.outcome if r.outcome in _OUTCOME_INDEX else "unknown"
     if r.status is TrialStatus.running and r.attempts == r.attempt:
         return start, max(start, now), "running"
     # Open, yet not the trial's running attempt (never written so by hpo.server.leases).
-    return start, start if r.finished_at is None else max(start, _ts(r.finished_at)), "unknown"
+    return start, start if r.finished_at is None else max(start, r.finished_at), "unknown"
 
 
 def _stragglers(bars: dict[str, list[Any]]) -> tuple[float | None, list[int]]:
