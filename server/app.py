@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -61,6 +62,11 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
         # it nor shares the interpreter with it (a thread importing meanwhile held the GIL for a
         # fifth of a loaded machine's first visit, docs/decisions.md).
         await run_in_threadpool(chart_data.preload)
+        # What the imports left is never garbage: out of the collector's sight, a full collection
+        # scans only what requests made (one over the ~300,000 startup objects took 150 ms of a
+        # 5,000-trial study's timeline chart, its first call 229 ms instead of 75).
+        gc.collect()
+        gc.freeze()
         threading.Thread(target=_warm_up, args=(db,), name="hpo-warm-up", daemon=True).start()
         if adb is not None:
             await adb.open()
@@ -73,6 +79,7 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
             await run_in_threadpool(refiller.stop)
             await run_in_threadpool(keeper.stop)
             db.dispose()
+            gc.unfreeze()  # a process that starts apps again (tests) can collect this one's cycles
 
     # The API docs are served by the dashboard router from assets in our own packages (offline).
     app = FastAPI(title="hpo", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
