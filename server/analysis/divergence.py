@@ -185,9 +185,10 @@ def set_outliers_aside(
     must not become the study's best). Replicas are judged too: their values are trial variance."""
     sign = 1.0 if mode == "min" else -1.0
     by_id = {t.id: t for t in trials}
+    groups = _feasible_groups(trials)  # setting an outlier aside keeps a trial feasible
     seen: set[int] = set()
     for _ in range(4):  # each round reads a few curves; a study with glitches in every best trial stops here
-        fresh = [tid for tid in _best_few(by_id.values(), sign, few) if tid not in seen]
+        fresh = [tid for tid in _best_few(groups, by_id, sign, few) if tid not in seen]
         if not fresh:
             break
         seen.update(fresh)
@@ -228,17 +229,25 @@ def without_outlier(trial: TrialSummary, curve: Curve) -> Curve:
     return Curve(curve.steps[keep], curve.values[keep])
 
 
-def _best_few(trials: Iterable[TrialSummary], sign: float, few: int) -> list[int]:
-    groups: dict[tuple[str, int | None], list[TrialSummary]] = {}
+def _feasible_groups(trials: Iterable[TrialSummary]) -> list[list[int]]:
+    """The ids of the feasible trials by arm, and the replicas of each trial apart."""
+    groups: dict[tuple[str, int | None], list[int]] = {}
     for t in trials:
         if t.feasible:
-            groups.setdefault((t.arm_key, t.replica_of), []).append(t)
-    out: list[int] = []
-    def rank(t: TrialSummary) -> tuple[float, int]:
+            groups.setdefault((t.arm_key, t.replica_of), []).append(t.id)
+    return list(groups.values())
+
+
+def _best_few(groups: Sequence[Sequence[int]], by_id: Mapping[int, TrialSummary], sign: float, few: int) -> list[int]:
+    """The best `few` of each group, by the trials' objectives in `by_id` now."""
+
+    def rank(tid: int) -> tuple[float, int]:
+        t = by_id[tid]
         return (sign * float(t.objective or 0.0), t.number)
 
-    for group in groups.values():  # nsmallest: sorted(...)[:few] without sorting 50,000 trials
-        out.extend(t.id for t in heapq.nsmallest(few, group, key=rank))
+    out: list[int] = []
+    for group in groups:  # nsmallest: sorted(...)[:few] without sorting 50,000 trials
+        out.extend(heapq.nsmallest(few, group, key=rank))
     return out
 
 

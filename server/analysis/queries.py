@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import NotFound
 from ..models import CurveStat, NonFinite, Study, Trial, TrialStatus
-from .model import Curve, TrialSummary
+from .model import Curve, TrialSummary, arm_key, collector_paused
 
 _log = logging.getLogger("hpo.server.analysis")
 
@@ -91,29 +91,37 @@ def trial_summaries(
     """Every trial of the study, by number, with its stored best value and step (and its
     `last_step` from `last_steps`, when given)."""
     rows = session.execute(text(_SUMMARIES), {"study_id": study_id}).all()
-    arms: dict[str | None, Any] = {}
+    arms: dict[str | None, tuple[Any, str]] = {}
     last = last_steps or {}
     out = []
-    for r in rows:
-        arm = arms.get(r.arm)
-        if arm is None:
-            arm = arms[r.arm] = (json.loads(r.arm) if r.arm else None) or {}
-        out.append(
-            TrialSummary(
-                id=r.id,
-                number=r.number,
-                arm=arm,
-                params=(_params(r.params) if r.params else None) or {},
-                status=TrialStatus(r.status).value,
-                objective=r.objective_value,
-                best_step=r.best_step,
-                replica_of=r.replica_of,
-                fail_kind=r.fail_kind,
-                error=r.error,
-                last_step=last.get(r.id),
+    # The collector paused while 50,000 summaries are built: they hold no garbage cycles, and its
+    # full passes over them as they grew were a fifth of the build (150 of 750 ms).
+    with collector_paused():
+        for tid, number, arm_text, params, status, objective, best_step, replica_of, fail_kind, error in rows:
+            known = arms.get(arm_text)
+            if known is None:
+                arm = (json.loads(arm_text) if arm_text else None) or {}
+                known = arms[arm_text] = (arm, arm_key(arm))
+            out.append(
+                TrialSummary(
+                    id=tid,
+                    number=number,
+                    arm=known[0],
+                    params=(_params(params) if params else None) or {},
+                    status=_STATUS[status],
+                    objective=objective,
+                    best_step=best_step,
+                    replica_of=replica_of,
+                    fail_kind=fail_kind,
+                    error=error,
+                    last_step=last.get(tid),
+                    arm_key=known[1],
+                )
             )
-        )
     return out
+
+
+_STATUS = {s.value: s.value for s in TrialStatus}  # a stored status, checked (the Enum's call cost 7 % more)
 
 
 # The best `k` completed original trials of each arm (row_number over the arm). ORDER BY direction
