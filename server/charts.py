@@ -367,8 +367,9 @@ def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) 
     for dim in dimensions(study.spec):
         if not dim.varied:
             continue
-        mine = [t for t in trials if dim.name in t.params and dim.applies(t.arm)]
-        twins = [t for t in copies if dim.name in t.params and dim.applies(t.arm)]
+        holds = _holds_by_arm(dim, trials, copies)
+        mine = [t for t in trials if dim.name in t.params and holds[t.arm_key]]
+        twins = [t for t in copies if dim.name in t.params and holds[t.arm_key]]
         feasible = [t for t in mine if t.feasible]
         worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
         series: dict[str, dict[str, Any]] = {}
@@ -409,6 +410,17 @@ def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) 
         )
     text = {**hovers([t for t in trials if t.id in drawn], study.metric), **hovers(copies, study.metric)}
     return {"panels": panels, "n_trials": len(trials), "n_replicas": len(copies), "text": text}
+
+
+def _holds_by_arm(dim: Dimension, *groups: Sequence[TrialSummary]) -> dict[str, bool]:
+    """`dim.applies` by arm key, once per arm of the trials (per trial, it was a third of the axis
+    chart's first call at 50,000 trials)."""
+    out: dict[str, bool] = {}
+    for trials in groups:
+        for t in trials:
+            if t.arm_key not in out:
+                out[t.arm_key] = dim.applies(t.arm)
+    return out
 
 
 # --- parallel coordinates ---------------------------------------------------------------------
@@ -666,9 +678,8 @@ def _contour(session: Session, study: queries.StudyInfo, options: dict[str, Any]
             f"{x_label!r} and {y_label!r} are never defined in the same trials (their arms differ): "
             f"draw {x_label!r} against one of {pairs[x_label]}",
         )
-    trials = [
-        t for t in trials if dx.applies(t.arm) and dy.applies(t.arm) and dx.name in t.params and dy.name in t.params
-    ]
+    hx, hy = _holds_by_arm(dx, trials), _holds_by_arm(dy, trials)
+    trials = [t for t in trials if hx[t.arm_key] and hy[t.arm_key] and dx.name in t.params and dy.name in t.params]
     xs = np.array([float(t.params[dx.name]) for t in trials])
     ys = np.array([float(t.params[dy.name]) for t in trials])
     zs = np.array([float(t.objective or 0.0) for t in trials])
@@ -751,7 +762,7 @@ def _importance(session: Session, study: queries.StudyInfo, options: dict[str, A
     thousands of trials)."""
     arm = options.get("arm") or None
     trials = [t for t in _originals(session, study.id) if t.feasible]
-    labels = sorted({arm_label(t.arm) for t in trials})
+    labels = sorted({arm_label(a) for a in {t.arm_key: t.arm for t in trials}.values()})
     if arm is not None:
         if arm not in labels:
             raise InvalidInput.one("arm", f"{arm!r} is not an arm with completed trials; arms: {labels}")
@@ -777,7 +788,7 @@ def importance_by_dim(dims: Sequence[Dimension], trials: Sequence[TrialSummary])
     (with the unconditional ones beside it, so it competes with them there). `learning_rate` under
     Adam and under Nesterov are two entries, `learning_rate (optimizer=adam)` and
     `learning_rate (optimizer=nesterov)`, each with the number of trials it was computed on."""
-    plain = [d for d in dims if not d.when or all(d.applies(t.arm) for t in trials)]
+    plain = [d for d in dims if not d.when or all(_holds_by_arm(d, trials).values())]
     groups: dict[str, list[Dimension]] = {}
     for d in dims:
         if d not in plain:
@@ -786,7 +797,8 @@ def importance_by_dim(dims: Sequence[Dimension], trials: Sequence[TrialSummary])
     params = [{**p, "n": len(trials)} for p in answer["params"]]
     variance = float(np.var([float(t.objective or 0.0) for t in trials])) if trials else None
     for group in groups.values():
-        mine = [t for t in trials if group[0].applies(t.arm)]
+        holds = _holds_by_arm(group[0], trials)
+        mine = [t for t in trials if holds[t.arm_key]]
         sub = importance([*plain, *group], mine, variance=variance)
         wanted = {d.label for d in group}
         params += [{**p, "n": len(mine)} for p in sub["params"] if p["name"] in wanted]
