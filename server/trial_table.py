@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from .analysis import queries
 from .analysis.model import TrialSummary, arm_label
@@ -71,18 +71,18 @@ def parse_param_filters(raw: Sequence[str]) -> tuple[ParamRange, ...]:
     """`["learning_rate:1e-4:1e-2", "optimizer=adam", "dropout::0.3"]` -> ranges; a 422 naming the
     `param` field and the reason for anything else."""
     out = []
-    for i, text in enumerate(raw):
+    for i, given in enumerate(raw):
         # a conditional hyperparameter's label carries its arm: `learning_rate (optimizer=adam):LO:HI`
-        match = _FILTER.match(text)
+        match = _FILTER.match(given)
         if match is None:
-            raise InvalidInput.one(f"param[{i}]", f"expected NAME:LO:HI or NAME=VALUE, got {text!r}")
+            raise InvalidInput.one(f"param[{i}]", f"expected NAME:LO:HI or NAME=VALUE, got {given!r}")
         name, rest = match.group("name").strip(), match.group("rest")
         if rest.startswith("="):
             out.append(ParamRange(name, equals=rest[1:]))
             continue
         parts = [name, *rest[1:].split(":")]
         if len(parts) != 3 or not parts[0]:
-            raise InvalidInput.one(f"param[{i}]", f"expected NAME:LO:HI or NAME=VALUE, got {text!r}")
+            raise InvalidInput.one(f"param[{i}]", f"expected NAME:LO:HI or NAME=VALUE, got {given!r}")
         bounds: list[float | None] = []
         for part in parts[1:]:
             try:
@@ -237,20 +237,42 @@ def _metric_bests(
     session: Any, study: queries.StudyInfo, metric: str, trials: Sequence[TrialSummary]
 ) -> dict[int, float]:
     """Each trial's best finite value of `metric`: the analysis' objective for the study's own
-    metric, else the minimum (the maximum for an accuracy-like name) of its points. A metric no
-    trial reported is a 422 naming `sort`."""
+    metric, else the minimum (the maximum for an accuracy-like name) of its points: a completed
+    trial's kept minimum where the curve statistics hold one (`curve_stats.vmin`, the same
+    aggregate), the points of the others. A metric no trial reported is a 422 naming `sort`."""
     if metric == study.metric:
         return {t.id: float(t.objective) for t in trials if t.objective is not None and math.isfinite(t.objective)}
+    found: dict[int, float] = {}
+    reported = False
+    covered: set[int] = set()
+    if not higher_is_better(metric):  # the kept maximum is +Infinity past a non-finite point
+        for tid, vmin, n in session.execute(text(_KEPT_MINIMUM), {"study_id": study.id, "name": metric}):
+            covered.add(tid)
+            reported = reported or n > 0
+            if vmin is not None:
+                found[tid] = float(vmin)
+    rest = [t.id for t in trials if t.id not in covered]
     agg = func.max(MetricPoint.value) if higher_is_better(metric) else func.min(MetricPoint.value)
-    ids = select(Trial.id).where(Trial.study_id == study.id).scalar_subquery()
-    found = session.execute(
-        select(MetricPoint.trial_id, agg)
-        .where(MetricPoint.name == metric, MetricPoint.trial_id.in_(ids))
-        .group_by(MetricPoint.trial_id)
-    ).all()
-    if not found:
+    for start in range(0, len(rest), 1000):  # bounded IN lists
+        for tid, v in session.execute(
+            select(MetricPoint.trial_id, agg)
+            .where(MetricPoint.name == metric, MetricPoint.trial_id.in_(rest[start : start + 1000]))
+            .group_by(MetricPoint.trial_id)
+        ):
+            reported = True
+            if v is not None:
+                found[tid] = float(v)
+    if not reported:
         raise InvalidInput.one("sort", f"no trial of this study reported the metric {metric!r}")
-    return {tid: float(v) for tid, v in found if v is not None}
+    return found
+
+
+# The completed trials' kept statistics of one metric that still hold (their attempt's); `n` 0
+# where a trial reported none of it. 1,000,000 points' minimum took 300 ms of a 5,000-trial table.
+_KEPT_MINIMUM = """
+SELECT c.trial_id, c.vmin, c.n FROM curve_stats c JOIN trials t ON t.id = c.trial_id
+WHERE t.study_id = :study_id AND t.status = 'completed' AND c.attempt = t.attempt AND c.name = :name
+"""
 
 
 def _admits(t: TrialSummary, query: TableQuery, filters: Sequence[tuple[Column, ParamRange]]) -> bool:

@@ -141,3 +141,40 @@ def test_study_page_table_has_one_numbering_and_labelled_filters(client: httpx.C
     filters = html.split('id="trial-filters"', 1)[1].split("</form>", 1)[0]
     assert f'<option value="{ADAM}"' in filters and f'<option value="{SGD}"' in filters
     assert "data-add-filter" in filters
+
+
+def test_sorting_by_a_loss_reads_the_kept_minimum_of_completed_trials(
+    client: httpx.Client, study: dict, database_url: str
+) -> None:
+    """Once the curve statistics are kept, a completed trial's best training loss is their kept
+    minimum (the same aggregate as over its points, so the same table), and the trials without a
+    kept row (failed, infeasible, retried) still get theirs from the points."""
+    from sqlalchemy import text
+
+    from hpo.server.analysis import keeper
+    from hpo.server.db import Database
+
+    sid = study["id"]
+    from_points = table(client, sid, sort="metric:train/loss")
+    db = Database(database_url)
+    try:
+        assert keeper.keep_all(db) > 0
+        with db.engine.begin() as conn:
+            kept = conn.execute(text("SELECT count(*) FROM curve_stats WHERE name = 'train/loss' AND n > 0")).scalar()
+            assert 0 < kept < from_points["total"]
+        kept_table = table(client, sid, sort="metric:train/loss", limit=99)  # another query: not the kept answer
+        assert [(r["id"], r["metric_value"]) for r in kept_table["rows"]] == [
+            (r["id"], r["metric_value"]) for r in from_points["rows"]
+        ]
+        # the kept row is what is read: a planted minimum shows it
+        first = from_points["rows"][0]["id"]
+        with db.engine.begin() as conn:
+            planted = conn.execute(
+                text("UPDATE curve_stats SET vmin = -1 WHERE trial_id = :t AND name = 'train/loss'"), {"t": first}
+            ).rowcount
+            assert planted == 1
+        # (another page size: a table is kept per query until the study changes)
+        again = table(client, sid, sort="metric:train/loss", limit=98)["rows"]
+        assert (again[0]["id"], again[0]["metric_value"]) == (first, -1.0)
+    finally:
+        db.dispose()
