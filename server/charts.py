@@ -572,10 +572,12 @@ def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, An
         trials_on.setdefault(w, set()).add(r.id)
     median, stragglers = _stragglers(bars)
     span = max(bars["end"], default=0.0)
+    # the busy share over the unrounded span: the rounded one can be a few hundredths short of it
+    exact_span = max((end for intervals in spans.values() for _, end in intervals), default=t0) - t0
     workers = []
     for name, w in names.items():
         busy = _union_seconds(spans[w])
-        share = busy / span if span > 0 else None
+        share = min(1.0, busy / exact_span) if span > 0 and exact_span > 0 else None
         workers.append({"name": name, "attempts": len(spans[w]), "trials": len(trials_on[w]), "busy_fraction": share})
     return {
         "workers": workers,

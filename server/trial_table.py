@@ -237,7 +237,7 @@ def _metric_bests(
     session: Any, study: queries.StudyInfo, metric: str, trials: Sequence[TrialSummary]
 ) -> dict[int, float]:
     """Each trial's best finite value of `metric`: the analysis' objective for the study's own
-    metric, else the minimum (the maximum for an accuracy-like name) of its points: a completed
+    metric, else the minimum (the maximum for an accuracy-like name) of its points: an ended
     trial's kept minimum where the curve statistics hold one (`curve_stats.vmin`, the same
     aggregate), the points of the others. A metric no trial reported is a 422 naming `sort`."""
     if metric == study.metric:
@@ -267,11 +267,11 @@ def _metric_bests(
     return found
 
 
-# The completed trials' kept statistics of one metric that still hold (their attempt's); `n` 0
-# where a trial reported none of it. 1,000,000 points' minimum took 300 ms of a 5,000-trial table.
-_KEPT_MINIMUM = """
+# The ended trials' kept statistics of one metric that still hold (their attempt's); `n` 0 where a
+# trial reported none of it. 1,000,000 points' minimum took 300 ms of a 5,000-trial table.
+_KEPT_MINIMUM = f"""
 SELECT c.trial_id, c.vmin, c.n FROM curve_stats c JOIN trials t ON t.id = c.trial_id
-WHERE t.study_id = :study_id AND t.status = 'completed' AND c.attempt = t.attempt AND c.name = :name
+WHERE t.study_id = :study_id AND t.status IN {queries.ENDED} AND c.attempt = t.attempt AND c.name = :name
 """
 
 

@@ -1,18 +1,17 @@
-"""Keeps the curve statistics of completed trials (`queries.curve_stats`), and their downsampled
-curves as the curves chart draws them (`sketches`), in the database as trials complete, from a
-thread of each server process, so that a study page's first visit, and the analysis' first call,
+"""Keeps the curve statistics of ended trials (`queries.curve_stats`), and the downsampled curves
+of completed ones as the curves chart draws them (`sketches`), in the database as trials end, from
+a thread of each server process, so that a study page's first visit, and the analysis' first call,
 read them instead of aggregating every metric point of the study on the request path (3,000,000
 points took 1.1-2 s of Postgres, and up to 7 s on a loaded machine, of a first visit;
 docs/decisions.md).
 
-Each pass finds the studies with a completed trial that has no kept row for its attempt, and keeps
-the missing rows with the very function the analysis reads them through (`queries.
-keep_curve_stats`, with the names, horizon and training-loss name `divergence.load_trials` asks
-for; `sketches.keep` with the chart's default width), so a kept row is always one the reader would
-have computed; one whose key no longer holds (a changed spec) is recomputed at read as before. On
-Postgres an advisory lock per study makes one process of several do the work. The first pass looks
-at every trial; later passes at the trials finished since the previous pass (with a minute's
-margin)."""
+Each pass finds the studies with an ended trial that has no kept row for its attempt, and keeps the
+missing rows with the very function the analysis reads them through (`queries.keep_curve_stats`,
+with the names, horizon and training-loss name `divergence.load_trials` asks for; `sketches.keep`
+with the chart's default width), so a kept row is always one the reader would have computed; one
+whose key no longer holds (a changed spec) is recomputed at read as before. On Postgres an advisory
+lock per study makes one process of several do the work. The first pass looks at every trial; later
+passes at the trials finished since the previous pass (with a minute's margin)."""
 
 from __future__ import annotations
 
@@ -35,11 +34,12 @@ INTERVAL = 10.0  # seconds between passes
 _MARGIN = timedelta(minutes=1)
 _LOCK_CLASS = 0x68706F  # advisory lock namespace (`hpo`), the study id being the second key
 
-_UNKEPT = """
+_UNKEPT = f"""
 SELECT DISTINCT t.study_id FROM trials t
-WHERE t.status = 'completed' {since}
+WHERE t.status IN {queries.ENDED} {{since}}
   AND (NOT EXISTS (SELECT 1 FROM curve_stats c WHERE c.trial_id = t.id AND c.attempt = t.attempt)
-       OR NOT EXISTS (SELECT 1 FROM curve_sketches s WHERE s.trial_id = t.id AND s.attempt = t.attempt))
+       OR (t.status = 'completed'
+           AND NOT EXISTS (SELECT 1 FROM curve_sketches s WHERE s.trial_id = t.id AND s.attempt = t.attempt)))
 """
 
 

@@ -399,7 +399,7 @@ def keep_curve_stats(
     session: Session, study_id: int, names: Sequence[str], horizon: float | None, first_of: str
 ) -> int:
     """Aggregates and keeps the curve statistics (`curve_stats`, same arguments) of the study's
-    completed trials that have none kept yet, without reading the kept ones back; answers how many
+    ended trials that have none kept yet, without reading the kept ones back; answers how many
     trials it aggregated. The background keeper (`analysis.keeper`) calls this as trials complete,
     so a study page's first visit reads the statistics instead of aggregating every point."""
     params = _stat_params(session, study_id, names, horizon, first_of)
@@ -427,10 +427,12 @@ def keep_curve_stats(
     return len(missing)
 
 
-# The completed trials of a study without a kept row of every name that still holds.
-_MISSING_STATS = """
+# The ended trials of a study without a kept row of every name that still holds (the analysis
+# reads the completed ones'; the trial table a failed or infeasible one's minimum too).
+ENDED = "('completed', 'infeasible', 'failed', 'cancelled')"
+_MISSING_STATS = f"""
 SELECT t.id FROM trials t
-WHERE t.study_id = :study_id AND t.status = 'completed'
+WHERE t.study_id = :study_id AND t.status IN {ENDED}
   AND (SELECT count(*) FROM curve_stats c
        WHERE c.trial_id = t.id AND c.attempt = t.attempt AND c.name IN :names AND c.cut = :stored_cut
          AND c.first_step = :first_step AND c.first_obj = :first_obj) < :k

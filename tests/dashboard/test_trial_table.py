@@ -146,9 +146,9 @@ def test_study_page_table_has_one_numbering_and_labelled_filters(client: httpx.C
 def test_sorting_by_a_loss_reads_the_kept_minimum_of_completed_trials(
     client: httpx.Client, study: dict, database_url: str
 ) -> None:
-    """Once the curve statistics are kept, a completed trial's best training loss is their kept
-    minimum (the same aggregate as over its points, so the same table), and the trials without a
-    kept row (failed, infeasible, retried) still get theirs from the points."""
+    """Once the curve statistics are kept, an ended trial's best training loss is their kept
+    minimum (the same aggregate as over its points, so the same table); a trial without a kept
+    row (running, or run again since) gets its own from the points."""
     from sqlalchemy import text
 
     from hpo.server.analysis import keeper
