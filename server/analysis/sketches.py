@@ -94,7 +94,9 @@ def keep(session: Session, study_id: int, names: Sequence[str], width: int) -> i
     trials it sketched."""
     rows = []
     for name in names:
-        missing = dict(session.execute(text(_MISSING), {"study_id": study_id, "name": name, "width": width}).all())
+        missing: dict[int, int] = dict(
+            session.execute(text(_MISSING), {"study_id": study_id, "name": name, "width": width}).all()
+        )
         if not missing:
             continue
         found = downsampled(session, list(missing), name, width)
