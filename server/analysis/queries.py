@@ -604,14 +604,23 @@ def _keep(
         for t in trial_ids
         for name in names
     ]
+    keep_rows(session, CurveStat, values, f"curve statistics of {len(trial_ids)} trials")
+
+
+def keep_rows(session: Session, table: type[Any], rows: Sequence[Mapping[str, Any]], what: str) -> bool:
+    """Upserts kept per-trial rows (`curve_stats`, `curve_sketches`: keyed by trial and name) in a
+    savepoint; False, with a warning naming `what`, when the write failed (a lost race, a
+    read-only database), which costs only the keeping."""
+    if not rows:
+        return True
     if session.get_bind().dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as upsert
     else:
         from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
-    statement = upsert(CurveStat)
+    statement = upsert(table)
     statement = statement.on_conflict_do_update(
         index_elements=["trial_id", "name"],
-        set_={c: statement.excluded[c] for c in values[0] if c not in ("trial_id", "name")},
+        set_={c: statement.excluded[c] for c in rows[0] if c not in ("trial_id", "name")},
     )
     try:
         with session.begin_nested():
@@ -619,10 +628,12 @@ def _keep(
             # Through the ORM's bulk path the same list ran as one statement per row, 7 of the 11 s
             # of a 5,000-trial study's first analysis on a loaded machine.
             connection = session.connection()
-            for start in range(0, len(values), 2000):
-                connection.execute(statement, values[start : start + 2000])
+            for start in range(0, len(rows), 2000):
+                connection.execute(statement, list(rows[start : start + 2000]))
     except SQLAlchemyError:
-        _log.warning("could not keep the curve statistics of %d trials", len(trial_ids), exc_info=True)
+        _log.warning("could not keep the %s", what, exc_info=True)
+        return False
+    return True
 
 
 def _aggregate_params(params: Mapping[str, Any]) -> dict[str, Any]:

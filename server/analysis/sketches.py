@@ -10,18 +10,15 @@ width) is aggregated from its points as before."""
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 
 import numpy as np
 from sqlalchemy import bindparam, text
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ..models import CurveSketch
-
-_log = logging.getLogger("hpo.server.analysis")
+from . import queries
 
 POINTS = 60  # points per curve after downsampling: enough for the shape, cheap for 1,000 curves
 
@@ -111,26 +108,9 @@ def keep(session: Session, study_id: int, names: Sequence[str], width: int) -> i
                     "width": width,
                     "steps": packed_steps,
                     "means": packed_means,
-                }  # fmt: skip
+                }
             )
-    if not rows:
-        return 0
-    if session.get_bind().dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as upsert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
-    statement = upsert(CurveSketch)
-    statement = statement.on_conflict_do_update(
-        index_elements=["trial_id", "name"],
-        set_={c: statement.excluded[c] for c in ("attempt", "width", "steps", "means")},
-    )
-    try:
-        with session.begin_nested():
-            connection = session.connection()
-            for start in range(0, len(rows), 2000):
-                connection.execute(statement, rows[start : start + 2000])
-    except SQLAlchemyError:
-        _log.warning("could not keep the curve sketches of study %d", study_id, exc_info=True)
+    if not queries.keep_rows(session, CurveSketch, rows, f"curve sketches of study {study_id}"):
         return 0
     return len({r["trial_id"] for r in rows})
 

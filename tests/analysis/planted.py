@@ -4,6 +4,8 @@ end-to-end tests that feed them through the worker protocol."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -205,3 +207,24 @@ def glitched(seed: int, level: float = 0.1, at: int = 700) -> tuple[Curve, Curve
     """Clean curves with one glitched evaluation of 0.0 at step `at`."""
     valid, train = clean(seed, level)
     return Curve(EVAL_STEPS, np.where(at == EVAL_STEPS, 0.0, valid.values)), train
+
+
+def run_clean_trial(db: Any, seed: int, *, complete: bool = True, extra: Sequence[Any] = ()) -> int:
+    """Claims the next trial through the lease protocol, records `clean(seed)`'s curves (validation
+    error rate and training loss, level 0.1 + 0.01 seed) and the `extra` points, and completes it
+    (or leaves it running); answers its id."""
+    from hpo.server import leases, results
+    from hpo.server.schemas import MetricPointIn
+
+    claim = leases.claim(db, "w", 4, 0, 60)
+    assert claim is not None
+    valid, train = clean(seed, level=0.1 + 0.01 * seed)
+    points = [
+        MetricPointIn(step=int(step), name=name, value=float(value))
+        for name, curve in (("valid/error_rate", valid), ("train/loss", train))
+        for step, value in zip(curve.steps, curve.values, strict=True)
+    ]
+    results.record_metrics(db, claim.trial_id, claim.lease_id, [*points, *extra])
+    if complete:
+        leases.complete(db, claim.trial_id, claim.lease_id)
+    return claim.trial_id

@@ -8,7 +8,7 @@ import math
 
 from sqlalchemy import text
 
-from hpo.server import charts, leases, results, studies
+from hpo.server import charts, studies
 from hpo.server.analysis import keeper, memo, queries, sketches
 from hpo.server.analysis.divergence import curve_names, train_loss_name
 from hpo.server.db import Database
@@ -18,23 +18,9 @@ from tests.server.factories import study_spec
 
 
 def _run_one(db: Database, seed: int, *, complete: bool = True) -> int:
-    claim = leases.claim(db, "w", 4, 0, 60)
-    assert claim is not None
-    valid, train = planted.clean(seed, level=0.1 + 0.01 * seed)
-    points = [
-        MetricPointIn(step=int(s), name="valid/error_rate", value=float(v))
-        for s, v in zip(valid.steps, valid.values, strict=True)
-    ]
-    points += [
-        MetricPointIn(step=int(s), name="train/loss", value=float(v))
-        for s, v in zip(train.steps, train.values, strict=True)
-    ]
     # a bucket of only a non-finite value (evaluations are 100 steps apart, buckets 34 wide)
-    points.append(MetricPointIn(step=int(valid.steps[3]) + 50, name="valid/error_rate", value=math.inf))
-    results.record_metrics(db, claim.trial_id, claim.lease_id, points)
-    if complete:
-        leases.complete(db, claim.trial_id, claim.lease_id)
-    return claim.trial_id
+    lone = MetricPointIn(step=int(planted.EVAL_STEPS[3]) + 50, name="valid/error_rate", value=math.inf)
+    return planted.run_clean_trial(db, seed, complete=complete, extra=[lone])
 
 
 def _study(db: Database, completed: int, running: int = 0) -> tuple[int, list[int]]:

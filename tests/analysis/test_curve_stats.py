@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import text
 
-from hpo.server import leases, results, studies
+from hpo.server import studies
 from hpo.server.analysis import queries
 from hpo.server.db import Database
-from hpo.server.schemas import MetricPointIn
 from tests.analysis import planted
 from tests.server.factories import study_spec
 
@@ -17,19 +16,7 @@ NAMES = ["train/loss", "valid/error_rate"]
 
 
 def _complete_one(db: Database, seed: int) -> None:
-    claim = leases.claim(db, "w", 4, 0, 60)
-    assert claim is not None
-    valid, train = planted.clean(seed, level=0.1 + 0.01 * seed)
-    points = [
-        MetricPointIn(step=int(s), name="valid/error_rate", value=float(v))
-        for s, v in zip(valid.steps, valid.values, strict=True)
-    ]
-    points += [
-        MetricPointIn(step=int(s), name="train/loss", value=float(v))
-        for s, v in zip(train.steps, train.values, strict=True)
-    ]
-    results.record_metrics(db, claim.trial_id, claim.lease_id, points)
-    leases.complete(db, claim.trial_id, claim.lease_id)
+    planted.run_clean_trial(db, seed)
 
 
 def _study_with_completed_trials(db: Database, count: int) -> int:
