@@ -180,11 +180,11 @@ class MetricPoint(Base):
 
 
 class CurveStat(Base):
-    """One completed trial's aggregates of one metric's curve (`analysis.queries.curve_stats`),
-    kept so a study's analysis does not read every point again: a completed trial's points no
-    longer change. A row holds for the trial's `attempt` and the `cut`, `first_step` and
-    `first_obj` it was computed with, and is recomputed when one differs. `n` 0: no such points.
-    No foreign key, as for metric_points (nothing deletes trials)."""
+    """One ended trial's aggregates of one metric's curve (`analysis.queries.curve_stats`), kept
+    so a study's analysis (completed trials) and trial table (any ended one) do not read every
+    point again: an ended trial's points no longer change. A row holds for the trial's `attempt`
+    and the `cut`, `first_step` and `first_obj` it was computed with, and is recomputed when one
+    differs. `n` 0: no such points. No foreign key, as for metric_points (nothing deletes trials)."""
 
     __tablename__ = "curve_stats"
 

@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ..errors import NotFound
-from ..models import CurveStat, NonFinite, Study, Trial, TrialStatus
+from ..models import FINISHED_STATUSES, CurveStat, NonFinite, Study, Trial, TrialStatus
 from .model import Curve, TrialSummary, arm_key, collector_paused
 
 _log = logging.getLogger("hpo.server.analysis")
@@ -429,7 +429,7 @@ def keep_curve_stats(
 
 # The ended trials of a study without a kept row of every name that still holds (the analysis
 # reads the completed ones'; the trial table a failed or infeasible one's minimum too).
-ENDED = "('completed', 'infeasible', 'failed', 'cancelled')"
+ENDED = "(" + ", ".join(f"'{s.value}'" for s in FINISHED_STATUSES) + ")"  # an SQL list of constants
 _MISSING_STATS = f"""
 SELECT t.id FROM trials t
 WHERE t.study_id = :study_id AND t.status IN {ENDED}
