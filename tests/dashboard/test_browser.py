@@ -361,11 +361,16 @@ def test_axis_panels_below_the_view_draw_when_scrolled_near(site: dict, driver: 
         driver.get(f"{site['url']}/studies/{site['study']['id']}")
         wait(driver, "return document.body.dataset.chartsReadyAt")
         box = "document.querySelector('[data-chart=\"axis\"]')"
-        # the chart's top 100 px below the view: inside the 200 px margin, its second panel not
-        driver.execute_script(
-            f"var r = {box}.getBoundingClientRect(); window.scrollTo(0, window.scrollY + r.top - innerHeight - 100)"
+        # The chart's top 100 px below the view: inside the 200 px margin, its second panel not.
+        # Scrolled there again at every look until it has drawn: the charts above it that this
+        # scroll brings near draw meanwhile and change their heights, which could carry the chart
+        # out of the margin before its observer fires, or its second panel into it.
+        wait(
+            driver,
+            f"var r = {box}.getBoundingClientRect();"
+            f" window.scrollTo(0, window.scrollY + r.top - innerHeight - 100);"
+            f" return {box}.dataset.rendered",
         )
-        wait(driver, f"return {box}.dataset.rendered")
         drawn = f"return Array.from({box}.querySelectorAll('.panel')).map(p => p.dataset.drawn || '')"
         assert driver.execute_script(drawn) == ["1", ""]
         assert driver.execute_script(f"return {box}.dataset.points") == "48"  # what the two panels draw
