@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,13 @@ REQUIRE_POSTGRES = os.environ.get("HPO_REQUIRE_POSTGRES") == "1"
 
 def _admin_engine():  # type: ignore[no-untyped-def]
     return create_engine(f"{POSTGRES_URL}/postgres", isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+
+
+# Test databases are dropped in the background: a drop is a tenth of a second of checkpointing
+# that no test needs to wait for (names are random, so nothing reuses one). The template's
+# teardown waits for them all and fails on any that failed.
+_DROPS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drop-test-database")
+_DROPPING: list[Future[None]] = []
 
 
 def _postgres_available() -> str | None:
@@ -58,6 +66,8 @@ def postgres_template() -> Iterator[str]:
     db.upgrade()
     db.dispose()
     yield name
+    for dropping in _DROPPING:
+        dropping.result()
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
@@ -73,6 +83,10 @@ def _clone_postgres(template: str) -> tuple[str, str]:
 
 
 def _drop_postgres(name: str) -> None:
+    _DROPPING.append(_DROPS.submit(_drop_now, name))
+
+
+def _drop_now(name: str) -> None:
     admin = _admin_engine()
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -88,6 +102,15 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     name, url = _clone_postgres(request.getfixturevalue("postgres_template"))
     yield url
     _drop_postgres(name)
+
+
+# For the slow tests that run real trainers and workers: Postgres only, the production database.
+# Each of them is a minute of processes starting whichever database answers; what differs between
+# the databases (the one-statement claim and ingest, the kept statistics) the fast tests check on
+# both, and the demo and the SQLite-only real runs keep the embedded default covered.
+ON_POSTGRES_ONLY = pytest.mark.parametrize(
+    "database_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
 from hpo.worker.loop import Worker, WorkerOptions
-from tests.conftest import LiveServer
+from tests.conftest import ON_POSTGRES_ONLY, LiveServer
 from tests.worker.conftest import API, REPO, create_study, metric_steps, study_done, trials
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -85,6 +85,7 @@ def check(http: httpx.Client, study_id: int) -> dict[str, Any]:
     return result
 
 
+@ON_POSTGRES_ONLY
 def test_a_digits_study_with_learning_rates_that_diverge(env: Any) -> None:
     spec = {
         "name": "real-digits-diverge",
@@ -105,6 +106,7 @@ def test_a_digits_study_with_learning_rates_that_diverge(env: Any) -> None:
     assert "infeasible" in {w["kind"] for w in result["warnings"]}
 
 
+@ON_POSTGRES_ONLY
 def test_a_study_of_the_example_script_counts_every_collapsed_trial(env: Any) -> None:
     spec = {
         "name": "real-script-collapse",

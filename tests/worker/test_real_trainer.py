@@ -18,7 +18,7 @@ import pytest
 
 from hpo.settings import Settings
 from hpo.worker.loop import Worker, WorkerOptions
-from tests.conftest import LiveServer
+from tests.conftest import ON_POSTGRES_ONLY, LiveServer
 from tests.worker.conftest import API, REPO, TESTS_ALLOWED, create_study, metric_steps, study_done, trials
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -57,6 +57,7 @@ def run(server: LiveServer, settings: Settings, until: Any) -> Worker:
     return worker
 
 
+@ON_POSTGRES_ONLY
 def test_study_runs_trials_side_by_side_and_reports_everything(env: Any) -> None:
     server, http, settings = env
     study = create_study(http, small(DEMO, "real", num_trials=2))
@@ -84,6 +85,7 @@ def test_study_runs_trials_side_by_side_and_reports_everything(env: Any) -> None
     assert all(latency is not None and latency < 10 for _, _, latency in worker.stats.latencies)
 
 
+@ON_POSTGRES_ONLY
 def test_diverging_trial_is_infeasible_and_unknown_workload_is_a_config_failure(env: Any) -> None:
     server, http, settings = env
     diverging = small(DEMO, "diverging")
