@@ -8,7 +8,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -40,28 +40,23 @@ class TrialSummary:
     # `arm_key(arm)`: given by a builder of many summaries of a few arms (one key per arm; per
     # trial, the keys were a third of setting outliers aside at 50,000 trials), computed otherwise.
     arm_key: str = field(default="", compare=False)
+    # Completed with a finite objective, and not judged diverged from its curves.
+    feasible: bool = field(init=False, compare=False, repr=False)
+    # Playbook, "Extracting insight": trials that diverge, get really bad (non-finite or
+    # uncharacteristically high) values or fail because of the point itself. A completed trial
+    # without a finite objective, or judged diverged, counts.
+    infeasible: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        # Both set here, once (`dataclasses.replace` sets them again): every chart asks over every
+        # trial, and as cached properties their first look was a quarter of the history chart at
+        # 50,000 trials.
         if not self.arm_key:
             object.__setattr__(self, "arm_key", arm_key(self.arm))
-
-    @cached_property
-    def feasible(self) -> bool:
-        """Completed with a finite objective, and not judged diverged from its curves (computed
-        once: every check asks, over every trial)."""
-        return (
-            self.status == "completed"
-            and self.objective is not None
-            and math.isfinite(self.objective)
-            and self.diverged is None
-        )
-
-    @cached_property
-    def infeasible(self) -> bool:
-        """Playbook, "Extracting insight": trials that diverge, get really bad (non-finite or
-        uncharacteristically high) values or fail because of the point itself. A completed trial
-        without a finite objective, or judged diverged, counts."""
-        return self.status == "infeasible" or (self.status == "completed" and not self.feasible)
+        completed = self.status == "completed"
+        feasible = completed and self.objective is not None and math.isfinite(self.objective) and self.diverged is None
+        object.__setattr__(self, "feasible", feasible)
+        object.__setattr__(self, "infeasible", self.status == "infeasible" or (completed and not feasible))
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -26,6 +27,33 @@ from ..models import FINISHED_STATUSES, CurveStat, NonFinite, Study, Trial, Tria
 from .model import Curve, TrialSummary, arm_key, collector_paused
 
 _log = logging.getLogger("hpo.server.analysis")
+_T = TypeVar("_T")
+_BESIDE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hpo-read-beside")
+
+
+def beside(session: Session, read: Callable[[Session], _T]) -> Future[_T]:
+    """`read` on a second session of the same Postgres database, in a thread, while the caller
+    goes on with its own session: the two queries run side by side in the database, and the one
+    that is Python work (building summaries) runs while the other waits on Postgres. As with two
+    statements of one READ COMMITTED transaction, each sees the data as of when it ran. The read
+    must not write. On SQLite (one writer, and its reads are fast) `read` runs now, on `session`."""
+    bind = session.get_bind()
+    done: Future[_T] = Future()
+    if bind.dialect.name != "postgresql":
+        try:
+            done.set_result(read(session))
+        except BaseException as exc:  # noqa: BLE001 -- handed to whoever asks for the result
+            done.set_exception(exc)
+        return done
+
+    def run() -> _T:
+        with Session(bind) as other:
+            try:
+                return read(other)
+            finally:
+                other.rollback()
+
+    return _BESIDE.submit(run)
 
 
 @dataclass(frozen=True)
@@ -85,9 +113,7 @@ def _params(document: str) -> Any:
         return json.loads(document)
 
 
-def trial_summaries(
-    session: Session, study_id: int, last_steps: Mapping[int, int] | None = None
-) -> list[TrialSummary]:
+def trial_summaries(session: Session, study_id: int, last_steps: Mapping[int, int] | None = None) -> list[TrialSummary]:
     """Every trial of the study, by number, with its stored best value and step (and its
     `last_step` from `last_steps`, when given)."""
     rows = session.execute(text(_SUMMARIES), {"study_id": study_id}).all()
@@ -119,6 +145,14 @@ def trial_summaries(
                 )
             )
     return out
+
+
+def with_last_steps(trials: list[TrialSummary], last_steps: Mapping[int, int]) -> list[TrialSummary]:
+    """`trials`, just built by `trial_summaries` and not yet shared, with their `last_step` from
+    `last_steps` set in place (50,000 `replace` calls took a tenth of a second)."""
+    for t in trials:
+        object.__setattr__(t, "last_step", last_steps.get(t.id))
+    return trials
 
 
 _STATUS = {s.value: s.value for s in TrialStatus}  # a stored status, checked (the Enum's call cost 7 % more)
