@@ -415,18 +415,25 @@
   }
 
   // Charts draw when they come near the viewport, one at a time, so the page stays responsive
-  // while a big study's charts draw; their data is asked for at once (the server answers them in
-  // parallel from one shared load), and a live redraw touches only the charts already drawn.
+  // while a big study's charts draw; their data is asked for at once, and each draws in its turn
+  // once its data has come, in the order the answers come: a chart whose answer came first no
+  // longer waits for one asked before it (at 50,000 trials the first screen's four answers come
+  // over 0.8 s, and drawing them all after the last one took another 0.8 s). A chart asked for
+  // again before its last answer drew draws only the newer answer. A live redraw touches only
+  // the charts already drawn.
   var queue = Promise.resolve();
   function enqueue(kind) {
     var box = el(kind);
     if (!box) return queue;
+    var asked = (box._asked || 0) + 1;
+    box._asked = asked;
     var data = hpo.getJSON(url(kind));
-    data.catch(function () { /* reported when its turn to draw comes */ });
-    queue = queue.then(function () {
-      return new Promise(function (resolve) { setTimeout(resolve, 0); });
-    }).then(function () { return drawFrom(kind, box, data); });
-    return queue;
+    return data.then(function () {}, function () { /* reported when its turn to draw comes */ }).then(function () {
+      queue = queue.then(function () {
+        return new Promise(function (resolve) { setTimeout(resolve, 0); });
+      }).then(function () { return box._asked === asked ? drawFrom(kind, box, data) : undefined; });
+      return queue;
+    });
   }
 
   function loadAll() {
@@ -752,8 +759,15 @@
       seen.observe(box);
     }
   });
-  loadTable();
-  poll().then(function () { if (root.dataset.live === "1") setTimeout(tick, 3000); });
+  // The trial table is below every chart: on a first visit it is asked for once the charts in
+  // view have drawn, as the checklist is (at 50,000 trials its first page took 1.2 s of the
+  // server's interpreter while the first charts were being computed).
+  afterCharts(loadTable);
+  // The first poll (the ETA and the running trials; the counts come with the page) waits for the
+  // charts in view too: at 50,000 trials it was 0.2 s of the server's interpreter beside them.
+  afterCharts(function () {
+    poll().then(function () { if (root.dataset.live === "1") setTimeout(tick, 3000); });
+  });
   // A control on the page changed the study (actions.js): show it at once, and keep polling
   // while the new trials run.
   document.addEventListener("hpo:changed", function () {
