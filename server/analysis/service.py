@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from ..bayesian.view import bayesian_view
 from ..db import Database
 from ..models import resumed
-from . import queries
+from . import memo, queries
 from .aliases import aliases_of, filed, metric_name, renamed_study, renamed_trials
 from .arms import arm_summaries, comparison, comparison_warnings, trial_variance
 from .boundary import boundary_warnings, check_boundaries
@@ -88,9 +88,21 @@ def analyze_study(db: Database, study_id: int) -> dict[str, Any]:
     arms, warnings, caveats, max_train_steps, grad_clip`, plus `boundary, infeasible, curves,
     budget, isolation` with the numbers behind every warning). Raises `NotFound` for an unknown
     study. Works on a study that is still running: unfinished trials are counted, never judged."""
+    return {**_checklist(db, study_id), "bayesian": json_safe(bayesian_view(db, study_id))}
+
+
+def kept_analysis(db: Database, study_id: int) -> dict[str, Any]:
+    """`analyze_study` for the API: the checklist kept per study version while no trial runs
+    (`memo`; at 50,000 trials it took 4 s on every call), the Bayesian view read each time (the
+    proposal queue changes it between trials). The answer's parts are shared: read, never change."""
+    checklist = memo.remember(db, study_id, "analysis-checklist", lambda: _checklist(db, study_id), live=False)
+    return {**checklist, "bayesian": json_safe(bayesian_view(db, study_id))}
+
+
+def _checklist(db: Database, study_id: int) -> dict[str, Any]:
     with db.transaction() as session:
         data = load(session, study_id)
-    return json_safe({**analysis_of(data), "bayesian": bayesian_view(db, study_id)})
+    return json_safe(analysis_of(data))
 
 
 def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyData:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from .. import plots
 from ..analysis.plotdata import plot_data
 from ..analysis.replicas import replicate_best
-from ..analysis.service import analyze_study
+from ..analysis.service import kept_analysis
 from ..analysis.tracking import tracking_csv, tracking_rows
 from ..schemas import StudyReplicasRequest
 from .deps import DatabaseDep, StudyId
@@ -30,7 +30,7 @@ def studies_csv(db: DatabaseDep, request: Request) -> Response:
 
 @router.get("/studies/{study_id}/analysis")
 def get_analysis(db: DatabaseDep, study_id: StudyId) -> dict[str, Any]:
-    return analyze_study(db, study_id)
+    return kept_analysis(db, study_id)
 
 
 @router.post("/studies/{study_id}/replicas", status_code=status.HTTP_201_CREATED)

@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 import httpx
 import pytest
 
+from hpo.server.analysis import memo
 from tests.analysis.protocol import API, analysis, create, run_pending
 from tests.analysis.test_planted import spec, valley
 
@@ -116,3 +117,19 @@ def test_tracking_sheet_csv(client: httpx.Client, study: dict) -> None:
         and "hpo study create -f api.json" in run["reproduce"]
     )
     assert by_name["not-run-yet"]["trials_run"] == "0" and by_name["not-run-yet"]["best_validation"] == ""
+
+
+def test_the_analysis_is_kept_while_the_study_holds_and_follows_a_change(client: httpx.Client, study: dict) -> None:
+    """`GET …/analysis` is computed once per study version while no trial runs (at 50,000 trials it
+    took 4 s on every call), and computed again once the study changes."""
+    memo.clear()  # kept answers are per process: another test's database may have a study of this id
+    first = analysis(client, study["id"])
+    kept = [k for k in memo._ENTRIES if k[1] == study["id"] and k[2] == "analysis-checklist"]
+    assert len(kept) == 1, "the checklist is kept after the first call"
+    assert analysis(client, study["id"]) == first
+    replicas = client.post(f"{API}/studies/{study['id']}/replicas", json={"per_arm": 1, "count": 1})
+    assert replicas.status_code == 201, replicas.text
+    assert run_pending(client, valley(0.5)) == 2
+    after = analysis(client, study["id"])
+    assert [a["n_replicas"] for a in first["arms"]] == [0, 0]
+    assert [a["n_replicas"] for a in after["arms"]] == [1, 1], "the replicas are in the new analysis"
