@@ -113,12 +113,11 @@ def _params(document: str) -> Any:
         return json.loads(document)
 
 
-def trial_summaries(session: Session, study_id: int, last_steps: Mapping[int, int] | None = None) -> list[TrialSummary]:
-    """Every trial of the study, by number, with its stored best value and step (and its
-    `last_step` from `last_steps`, when given)."""
+def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:
+    """Every trial of the study, by number, with its stored best value and step (`last_step`
+    None: `with_last_steps` sets it from the curve statistics)."""
     rows = session.execute(text(_SUMMARIES), {"study_id": study_id}).all()
     arms: dict[str | None, tuple[Any, str]] = {}
-    last = last_steps or {}
     out = []
     # The collector paused while 50,000 summaries are built: they hold no garbage cycles, and its
     # full passes over them as they grew were a fifth of the build (150 of 750 ms).
@@ -140,7 +139,6 @@ def trial_summaries(session: Session, study_id: int, last_steps: Mapping[int, in
                     replica_of=replica_of,
                     fail_kind=fail_kind,
                     error=error,
-                    last_step=last.get(tid),
                     arm_key=known[1],
                 )
             )
