@@ -29,6 +29,7 @@ from .bayesian.queue import Refiller
 from .config import ServerSettings
 from .db import Database
 from .errors import StorageError, one_line
+from .kept_charts import StillStudies
 
 _log = logging.getLogger("hpo.server")
 
@@ -55,7 +56,9 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
         reaper = asyncio.create_task(_reap_forever(db, settings.lease_seconds / 4))
         refiller = Refiller(db, processes=settings.bayesian_processes)  # bayesian proposal queues
         refiller.start()
-        keeper = Keeper(db)  # completed trials' curve statistics, kept off the request path
+        # Completed trials' curve statistics, then still studies' first-screen charts, kept off the
+        # request path.
+        keeper = Keeper(db, after_pass=StillStudies(db, chart_data.page_chart))
         keeper.start()
         # The importance chart's scikit-learn (and the pandas it pulls in) take 0.5-1.7 s of CPU to
         # import: done before the server answers, so a study page's first visit neither waits for

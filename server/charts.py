@@ -22,6 +22,7 @@ import numpy as np
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from . import kept_charts
 from .analysis import memo, queries, sketches
 from .analysis.aliases import CHECKED_METRICS, aliases_of, metric_name, missing_metric, setting
 from .analysis.arms import arm_summaries
@@ -66,6 +67,10 @@ THIN_BEST = 1000
 # An axis chart draws one panel per varied hyperparameter (five in a two-arm study): 2,000 points
 # each took 930 ms of a 5,000-trial study's 2.5 s first visit to draw; 1,000 show the same shape.
 AXIS_POINTS = 1000
+# The chart endpoint's options when the request names none (the study page's first requests).
+PAGE_OPTIONS: dict[str, Any] = {
+    "metric": None, "limit": CURVES_SHOWN, "points": CURVE_POINTS, "arm": None, "x": None, "y": None
+}  # fmt: skip
 STALL_SECONDS = 300.0  # nothing started or finished for this long while trials wait: say so
 _FINISHED = ("completed", "infeasible", "failed", "cancelled")
 _FINISHED_STATUSES = tuple(TrialStatus(s) for s in _FINISHED)
@@ -85,7 +90,17 @@ def chart_json(db: Database, study_id: int, kind: str, options: Mapping[str, Any
     if kind == "progress":  # the cheap poll: always fresh
         return dumps(_load(db, study_id, kind, opts))
     key = (kind, tuple(sorted((k, str(v)) for k, v in opts.items())))
+    if kept_charts.keepable(kind, opts):  # a first-screen chart: kept in the database too
+        def kept() -> bytes:
+            return kept_charts.read_or_compute(db, study_id, kind, lambda: _computed(db, study_id, kind, opts))
+
+        return memo.remember(db, study_id, key, kept)
     return memo.remember(db, study_id, key, lambda: _computed(db, study_id, kind, opts))
+
+
+def page_chart(db: Database, study_id: int, kind: str) -> bytes:
+    """`chart_json` with the options the study page asks with (the endpoint's defaults)."""
+    return chart_json(db, study_id, kind, PAGE_OPTIONS)
 
 
 def _computed(db: Database, study_id: int, kind: str, options: dict[str, Any]) -> bytes:
@@ -137,6 +152,8 @@ def warm(db: Database, study_id: int) -> None:
     charts (on a fresh server it was the first 0.3-1.4 s of every chart of a 5,000-trial study's
     first visit). Never raises: a chart asked for later computes, or reports, as before."""
     try:
+        if kept_charts.all_kept(db, study_id):
+            return  # the first screen reads kept answers: judging now would only compete with them
         with db.transaction() as session:
             trial_summaries(session, study_id)
     except Exception as exc:  # noqa: BLE001 -- a warm-up; the charts' own requests report errors

@@ -227,6 +227,22 @@ class CurveSketch(Base):
     means: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class KeptChart(Base):
+    """One study's first-screen chart (`charts.FIRST_SCREEN`) as the chart endpoint answered it,
+    kept for the study version (`analysis.memo.version`) it was computed at, by the code that
+    computed it (`code`: a digest of the server's sources), so a fresh server's first visit reads
+    it instead of judging every trial again (`kept_charts`). Written only while no trial of the
+    study runs; any other version or code is recomputed. No foreign key, as for metric_points."""
+
+    __tablename__ = "kept_charts"
+
+    study_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(40), primary_key=True)
+    version: Mapped[str] = mapped_column(Text)
+    code: Mapped[str] = mapped_column(String(64))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class TrialAttempt(Base):
     """One attempt of a trial: a claim opens it (in the claim's statement), and whatever ends the
     lease closes it in the same transaction (hpo.server.leases): `outcome` is `completed`, a fail

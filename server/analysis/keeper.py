@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -78,9 +79,12 @@ class Keeper:
     """The background thread: a pass every `interval` seconds (the first after one interval) until
     `stop()`."""
 
-    def __init__(self, db: Database, *, interval: float = INTERVAL) -> None:
+    def __init__(
+        self, db: Database, *, interval: float = INTERVAL, after_pass: Callable[[], Any] | None = None
+    ) -> None:
         self.db = db
         self.interval = interval
+        self.after_pass = after_pass  # more keeping that reads what a pass kept (kept_charts)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hpo-curve-stats-keeper", daemon=True)
 
@@ -99,6 +103,8 @@ class Keeper:
                 with self.db.transaction() as session:
                     newest = session.execute(select(func.max(Trial.finished_at))).scalar()
                 keep_all(self.db, since)
+                if self.after_pass is not None:
+                    self.after_pass()
                 since = None if newest is None else newest - _MARGIN
             except StorageError as exc:  # the database is away: one line, not a traceback a tick
                 _log.warning("curve statistics keeper: %s; retrying", one_line(exc))

@@ -22,7 +22,7 @@ from starlette.background import BackgroundTask
 
 from hpo.command_template import expand
 
-from .. import charts, evidence, notes, pipelines, studies, trial_table, trials
+from .. import charts, evidence, kept_charts, notes, pipelines, studies, trial_table, trials
 from ..analysis import memo, queries
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import analyze_study, resume_advice
@@ -86,6 +86,7 @@ def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResp
         can_write=can_write(request),
         round_id=study.spec.get("round_id"),
         pipeline_id=study.spec.get("pipeline_id"),
+        first_screen=kept_charts.FIRST_SCREEN,
     )
     # After the answer: the charts the page is about to ask for start from these summaries.
     page.background = BackgroundTask(charts.warm, db, study_id)
