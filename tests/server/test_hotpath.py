@@ -4,12 +4,14 @@ that is not valid, another content type, a lost lease, a trial the worker may no
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from psycopg import sql as psycopg_sql
 from sqlalchemy import select
 
 from hpo.policy import ExecutionPolicy
@@ -141,3 +143,34 @@ def test_whether_a_worker_runs_a_study_is_not_taken_from_another_database_s_stud
     workload_study = studies.create_study(db, spec, ExecutionPolicy(workload_globs=("mylab.*",)))
     assert workload_study.id == builtin_study.id
     assert _claim(http, capabilities={"workloads": [], "commands": [], "env": []}).status_code == 204
+
+
+def test_a_prepared_claims_generic_plan_reads_the_partial_index_of_pending_trials(postgres_url: str) -> None:
+    """Postgres keeps one generic plan for a prepared statement only when it costs no more than a
+    fresh one: with the pending status bound as a parameter, the generic plan could not use the
+    partial index (its predicate needs the literal) and every claim was planned again."""
+    db = Database(postgres_url)
+    db.upgrade()
+    studies.create_study(db, {**SPEC, "num_trials": 2000})
+    names: list[str] = []
+
+    def positional(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    statement = re.sub(r"%\((\w+)\)s", positional, aio._CLAIM.sql)
+    values = aio._CLAIM.params({"lease_id": "l", "worker_id": "w", "cpus": 8.0, "gpus": 0.0, "lease_seconds": 60.0})
+    connection = db.engine.raw_connection()
+    try:
+        cursor = connection.cursor()
+        cursor.execute("PREPARE claim AS " + statement)
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        arguments = psycopg_sql.SQL(", ").join(psycopg_sql.Literal(values[name]) for name in names)
+        cursor.execute(psycopg_sql.SQL("EXPLAIN EXECUTE claim({})").format(arguments))
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert "ix_trials_pending_id" in plan, plan
+        connection.rollback()
+    finally:
+        connection.close()
+        db.dispose()
