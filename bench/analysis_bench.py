@@ -58,20 +58,27 @@ CROSS JOIN LATERAL (SELECT exp(ln(1e-4) + u * (ln(1.0) - ln(1e-4))) AS lr,
 """
 
 # Three metrics at every evaluation: a valley in log10(lr) around 1e-2 sets each trial's level.
+# Stored as a worker's reporter sends them: one chunk per metric and ten evaluations (the server
+# keeps a batch's points of one metric as one row, migration 0014; `metric_points` reads them).
 _POINTS = """
-INSERT INTO metric_points (trial_id, name, step, value, nonfinite)
-SELECT t.id, m.name, e.step,
+INSERT INTO metric_chunks (trial_id, name, first_step, last_step, steps, vals, nonfinite)
+SELECT trial_id, name, min(step), max(step), array_agg(step ORDER BY step), array_agg(value ORDER BY step),
+       array_agg(nonfinite ORDER BY step)
+FROM (
+SELECT t.id AS trial_id, m.name, e.step,
        CASE m.name
          WHEN 'valid/error_rate' THEN 0.1 + 0.1 * power(log((t.params->>'learning_rate')::float8) + 2, 2)
                                       + 0.8 * exp(-e.step / 400.0) + 0.004 * (random() - 0.5)
          WHEN 'train/loss' THEN 0.05 + 2.0 * exp(-e.step / 400.0) * (1 + 0.05 * (random() - 0.5))
          ELSE 1.0 + 4.0 * random() * random()
-       END,
-       0
+       END AS value,
+       CAST(0 AS smallint) AS nonfinite
 FROM trials t
 CROSS JOIN generate_series(CAST(:every AS integer), CAST(:last AS integer), CAST(:every AS integer)) AS e(step)
 CROSS JOIN (VALUES ('valid/error_rate'), ('train/loss'), ('train/grad_norm')) AS m(name)
 WHERE t.study_id = :study_id
+) p
+GROUP BY trial_id, name, (step - CAST(:every AS integer)) / (10 * CAST(:every AS integer))
 """
 
 _BEST = """

@@ -451,11 +451,43 @@ def _resume_point(session: Session, trial_id: int, restart_after_attempt: int, a
     )
 
 
+# Postgres keeps points in chunks (migration 0014): those wholly after the resume step go, and the
+# one a resume step falls inside keeps its steps up to it (its steps are ascending).
+_DROP_CHUNKS = text(
+    "DELETE FROM metric_chunks WHERE trial_id = :trial_id AND first_step > :after RETURNING cardinality(steps)"
+)
+_TRIM_CHUNKS = text(
+    """
+    WITH cut AS (
+        SELECT name, first_step, cardinality(steps) AS total,
+               (SELECT CAST(count(*) AS integer) FROM unnest(steps) AS s WHERE s <= :after) AS kept
+        FROM metric_chunks WHERE trial_id = :trial_id AND first_step <= :after AND last_step > :after
+    )
+    UPDATE metric_chunks c
+    SET steps = c.steps[1:cut.kept], vals = c.vals[1:cut.kept], nonfinite = c.nonfinite[1:cut.kept],
+        last_step = c.steps[cut.kept]
+    FROM cut WHERE c.trial_id = :trial_id AND c.name = cut.name AND c.first_step = cut.first_step
+    RETURNING cut.total - cut.kept
+    """
+)
+
+
+def _delete_points(session: Session, trial_id: int, after: int | None) -> int:
+    """Deletes the trial's points (those after step `after`, when given); answers how many."""
+    if session.get_bind().dialect.name == "sqlite":
+        points = delete(MetricPoint).where(MetricPoint.trial_id == trial_id)
+        if after is not None:
+            points = points.where(MetricPoint.step > after)
+        return int(session.execute(points).rowcount or 0)  # type: ignore[attr-defined]
+    bound = {"trial_id": trial_id, "after": -1 if after is None else after}  # steps are never negative
+    deleted = sum(session.execute(_DROP_CHUNKS, bound).scalars())
+    if after is not None:
+        deleted += sum(session.execute(_TRIM_CHUNKS, bound).scalars())
+    return int(deleted)
+
+
 def _truncate_history(session: Session, trial_id: int, metric: str, mode: str, resume: Checkpoint | None) -> None:
-    points = delete(MetricPoint).where(MetricPoint.trial_id == trial_id)
-    if resume is not None:
-        points = points.where(MetricPoint.step > resume.step)
-    deleted = int(session.execute(points).rowcount or 0)  # type: ignore[attr-defined]
+    deleted = _delete_points(session, trial_id, None if resume is None else resume.step)
     # The quota's count follows (a NULL count, of a trial from before counting, stays NULL).
     count = 0 if resume is None else Trial.point_count - deleted
     # A resume keeps the earliest resume point of the history (points up to it are older attempts');

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from . import objective
 from .db import Database
-from .errors import Conflict, LeaseLost, NotFound, QuotaExceeded
+from .errors import LeaseLost, NotFound, QuotaExceeded
 from .models import Checkpoint, MetricPoint, Study, Trial, TrialStatus
 from .schemas import CheckpointIn, MetricsAccepted
 from .values import to_storage
@@ -32,51 +32,58 @@ class Point(Protocol):
     @property
     def value(self) -> float: ...
 
-# One statement for the whole batch: arrays in, so Postgres parses and plans once however many
-# points come (several times faster than executemany). Names go once each, points refer to them by
-# (1-based) index: a batch holds a few names thousands of times.
-_PG_INSERT = """
-    INSERT INTO metric_points (trial_id, name, step, value, nonfinite)
-    SELECT :trial_id, (CAST(:names AS text[]))[p.name_index], p.step, p.value, p.nonfinite
-    FROM unnest(CAST(:name_indexes AS integer[]), CAST(:steps AS integer[]), CAST(:values AS double precision[]),
-                CAST(:nonfinite AS smallint[])) AS p(name_index, step, value, nonfinite)
-    ON CONFLICT (trial_id, name, step) DO
-"""
-# New points only (its row count is how many the batch added, for the quota), then, only when some
-# were already there (a replay), every point again to overwrite them: the common batch costs one
-# statement, as a plain upsert did.
-_PG_INSERT_NEW = text(_PG_INSERT + " NOTHING")
-_PG_UPSERT = text(_PG_INSERT + " UPDATE SET value = EXCLUDED.value, nonfinite = EXCLUDED.nonfinite")
-# The whole write in one statement: lock the trial (by its key alone: with its other conditions
-# the planner may prefer walking the partial index of running trials) under its lease (and only
-# when the whole batch fits in its quota as new points), insert, count the new rows, and when the
-# batch carries the objective metric, the best of the stored points that the batch does not
-# replace and the batch's own (one snapshot: the statement does not see its insert). No row when
-# it wrote nothing.
-_PG_WRITE = """
+# On Postgres a batch's points of one metric are one `metric_chunks` row (migration 0014): their
+# steps ascending and unique, values and non-finite flags as arrays, the steps disjoint from the
+# trial's other rows of that metric; `metric_points` is a view that unnests them. A batch travels
+# as three flat arrays sorted by metric and step, and per metric its name and the (1-based) first
+# and last index of its run, so each chunk is three slices of them: no row per point, no sort and
+# no aggregate in Postgres (unnesting and re-aggregating took 2 of a batch's 2.2 us a point).
+# The common batch as one statement: lock the trial (by its key alone: with its other conditions
+# the planner may prefer walking the partial index of running trials) under its lease, when the
+# whole batch fits in its quota as new points and every metric's steps come after the steps stored
+# for it (appending: its points are all new), then insert one chunk per metric, count the points
+# and, when the batch carries the objective metric, take the better of the trial's kept best (the
+# best of its stored points: appending replaces none) and the batch's own (reading every stored
+# point of the objective instead cost each batch time in proportion to the trial's history).
+# The statement reads chunks in its snapshot, which misses a batch of this trial that committed
+# while it waited for the lock: it then writes nothing (the point count it locked is not
+# the one it sees), as when the lease is lost or a step is not new, and the transaction in
+# `record_metrics` does the write, or says why not.
+_PG_APPEND = text(
+    """
     WITH locked AS (
-        SELECT id, study_id, lease_id, status, point_count FROM trials WHERE id = :trial_id FOR UPDATE
+        SELECT id, study_id, lease_id, status, point_count, objective_value, best_step
+        FROM trials WHERE id = :trial_id FOR UPDATE
+    ), arrays AS MATERIALIZED (
+        SELECT CAST(:steps AS integer[]) AS steps, CAST(:values AS double precision[]) AS vals,
+               CAST(:nonfinite AS smallint[]) AS nonfinite
+    ), runs AS MATERIALIZED (
+        SELECT r.name, a.steps[r.first:r.last] AS steps, a.vals[r.first:r.last] AS vals,
+               a.nonfinite[r.first:r.last] AS nonfinite
+        FROM arrays a, unnest(CAST(:names AS text[]), CAST(:firsts AS integer[]), CAST(:lasts AS integer[]))
+             AS r(name, first, last)
     ), trial AS (
         SELECT locked.id, s.objective_metric, s.objective_mode
         FROM locked JOIN studies s ON s.id = locked.study_id
         WHERE locked.lease_id = :lease_id AND locked.status = 'running' AND locked.point_count <= :room
-    ), batch AS NOT MATERIALIZED (
-        SELECT (CAST(:names AS text[]))[p.name_index] AS name, p.step, p.value, p.nonfinite
-        FROM unnest(CAST(:name_indexes AS integer[]), CAST(:steps AS integer[]),
-                    CAST(:values AS double precision[]), CAST(:nonfinite AS smallint[]))
-             AS p(name_index, step, value, nonfinite)
+          AND locked.point_count = (SELECT seen.point_count FROM trials seen WHERE seen.id = :trial_id)
+          AND NOT EXISTS (
+              SELECT 1 FROM runs
+              WHERE (SELECT c.last_step FROM metric_chunks c WHERE c.trial_id = :trial_id AND c.name = runs.name
+                     ORDER BY c.first_step DESC LIMIT 1) >= runs.steps[1])
     ), written AS (
-        INSERT INTO metric_points (trial_id, name, step, value, nonfinite)
-        SELECT trial.id, batch.name, batch.step, batch.value, batch.nonfinite FROM trial, batch
-        {conflict}
+        INSERT INTO metric_chunks (trial_id, name, first_step, last_step, steps, vals, nonfinite)
+        SELECT trial.id, runs.name, runs.steps[1], runs.steps[cardinality(runs.steps)], runs.steps, runs.vals,
+               runs.nonfinite
+        FROM trial, runs
     ), best AS (
         SELECT c.value, c.step FROM trial, (
-            SELECT m.value, m.step FROM trial JOIN metric_points m
-                ON m.trial_id = trial.id AND m.name = trial.objective_metric AND m.nonfinite = 0
-            WHERE NOT EXISTS (SELECT 1 FROM batch WHERE batch.name = m.name AND batch.step = m.step)
+            SELECT locked.objective_value AS value, locked.best_step AS step FROM locked
+            WHERE locked.objective_value IS NOT NULL
             UNION ALL
-            SELECT batch.value, batch.step FROM trial JOIN batch
-                ON batch.name = trial.objective_metric AND batch.nonfinite = 0
+            SELECT p.value, p.step FROM trial JOIN runs ON runs.name = trial.objective_metric,
+                unnest(runs.steps, runs.vals, runs.nonfinite) AS p(step, value, nonfinite)
+            WHERE p.nonfinite = 0
         ) AS c
         ORDER BY CASE WHEN trial.objective_mode = 'min' THEN c.value ELSE -c.value END, c.step
         LIMIT 1
@@ -84,24 +91,25 @@ _PG_WRITE = """
         SELECT trial.objective_metric = ANY(CAST(:names AS text[])) AS carried FROM trial
     )
     UPDATE trials SET
-        point_count = trials.point_count + {added},
+        point_count = trials.point_count + CAST(:batch_size AS integer),
         objective_value = CASE WHEN objective.carried THEN (SELECT value FROM best) ELSE trials.objective_value END,
         best_step = CASE WHEN objective.carried THEN (SELECT step FROM best) ELSE trials.best_step END
     FROM trial, objective
     WHERE trials.id = trial.id
     RETURNING trials.objective_value, trials.best_step
 """
-# The common batch, all new points: a plain INSERT, which costs Postgres half the CPU of an
-# upsert's speculative insertion (2.2 against 4.6 us a point here), and whose points all count as
-# new. A point already stored (a replay) fails it as a whole, writing nothing.
-_PG_NEW_POINTS = text(_PG_WRITE.format(conflict="", added="CAST(:batch_size AS integer)"))
-# The replay: an upsert, counting the rows it inserted (`xmax = 0`) rather than updated.
-_PG_ONE_STATEMENT = text(
-    _PG_WRITE.format(
-        conflict="ON CONFLICT (trial_id, name, step) DO UPDATE SET value = EXCLUDED.value, "
-        "nonfinite = EXCLUDED.nonfinite RETURNING (xmax = 0) AS added",
-        added="(SELECT count(*) FROM written WHERE added)",
-    )
+)
+# Any other batch, in the locked trial's transaction: per metric, the chunks whose steps reach
+# into the batch's range are taken out and merged with it (the batch's point wins a step), and
+# written back as one chunk; it spans no other chunk, since those lie wholly outside that range.
+_TAKE_CHUNKS = text(
+    "DELETE FROM metric_chunks WHERE trial_id = :trial_id AND name = :name "
+    "AND first_step <= :last AND last_step >= :first RETURNING steps, vals, nonfinite"
+)
+_PUT_CHUNK = text(
+    "INSERT INTO metric_chunks (trial_id, name, first_step, last_step, steps, vals, nonfinite) "
+    "VALUES (:trial_id, :name, :first, :last, CAST(:steps AS integer[]), CAST(:values AS double precision[]), "
+    "CAST(:nonfinite AS smallint[]))"
 )
 
 
@@ -136,30 +144,34 @@ def _record_in_one_statement(
     db: Database, trial_id: int, lease_id: str, latest: dict[tuple[str, int], float], max_points: int
 ) -> MetricsAccepted | None:
     """The common batch on Postgres as one statement in autocommit (one round trip where the
-    transaction took six): lease check and trial lock, upsert, point count and objective. It
-    writes only when the trial could hold the whole batch as new points; None when it wrote
-    nothing (not found, lease lost, near the quota, a trial from before counting), and then the
-    transaction in `record_metrics` decides, with the exact error."""
+    transaction took six): lease check and trial lock, one chunk per metric, point count and
+    objective. It writes only when the trial could hold the whole batch as new points and every
+    metric's steps follow the stored ones; None when it wrote nothing (not found, lease lost, near
+    the quota, a trial from before counting, a replay or a batch reaching back, a concurrent batch
+    of the trial), and then the transaction in `record_metrics` writes it or gives the exact error."""
     params = {**_array_literals(latest), "trial_id": trial_id, "lease_id": lease_id, "room": max_points - len(latest)}
-    try:
-        with db.statement() as connection:
-            row = connection.execute(_PG_NEW_POINTS, {**params, "batch_size": len(latest)}).first()
-    except Conflict:  # some point was stored already (a replay): the upsert overwrites it
-        with db.statement() as connection:
-            row = connection.execute(_PG_ONE_STATEMENT, params).first()
+    with db.statement() as connection:
+        row = connection.execute(_PG_APPEND, {**params, "batch_size": len(latest)}).first()
     if row is None:
         return None
     return MetricsAccepted(accepted=len(latest), objective_value=row.objective_value, best_step=row.best_step)
 
 
 def _array_literals(latest: dict[tuple[str, int], float]) -> dict[str, Any]:
-    """The batch as Postgres array literals (`{1,2,3}`): numbers formatted by str() and repr() in
-    C loops cost a tenth of the driver adapting each element of a list (which was a third of a
-    batch's time). repr() of a float round-trips exactly; non-finite values are NULL with their
-    flag. Names, a few per batch, go as a list the driver quotes."""
-    names = [name for name, _ in latest]
-    index = {name: str(i) for i, name in enumerate(dict.fromkeys(names), 1)}
-    values = list(latest.values())
+    """The batch as Postgres array literals (`{1,2,3}`), sorted by metric and step, with each
+    metric's run (`names`, `firsts`, `lasts`): numbers formatted by str() and repr() in C loops
+    cost a tenth of the driver adapting each element of a list (which was a third of a batch's
+    time). repr() of a float round-trips exactly; non-finite values are NULL with their flag. Names,
+    a few per batch, go as a list the driver quotes."""
+    keys = sorted(latest)  # already in order, as reporters send them, this is one linear pass
+    names: list[str] = []
+    firsts: list[int] = []
+    for i, (name, _) in enumerate(keys, 1):
+        if not names or names[-1] != name:
+            names.append(name)
+            firsts.append(i)
+    lasts = [first - 1 for first in firsts[1:]] + [len(keys)]
+    values = [latest[key] for key in keys]
     if all(map(math.isfinite, values)):
         value_text, flags = _json_list(values), ",".join(["0"] * len(values))
     else:
@@ -167,9 +179,10 @@ def _array_literals(latest: dict[tuple[str, int], float]) -> dict[str, Any]:
         value_text = ",".join("NULL" if v is None else repr(v) for v, _ in stored)
         flags = ",".join(str(int(flag)) for _, flag in stored)
     return {
-        "names": list(index),
-        "name_indexes": "{" + ",".join(map(index.__getitem__, names)) + "}",
-        "steps": "{" + _json_list([step for _, step in latest]) + "}",
+        "names": names,
+        "firsts": "{" + _json_list(firsts) + "}",
+        "lasts": "{" + _json_list(lasts) + "}",
+        "steps": "{" + _json_list([step for _, step in keys]) + "}",
         "values": "{" + value_text + "}",
         "nonfinite": "{" + flags + "}",
     }
@@ -242,20 +255,7 @@ def _upsert(session: Session, db: Database, trial_id: int, latest: dict[tuple[st
     """Stores the points; answers how many were new."""
     stored = [to_storage(v) for v in latest.values()]
     if not db.is_sqlite:
-        names: dict[str, int] = {}
-        indexes = [names.setdefault(name, len(names) + 1) for name, _ in latest]
-        arrays = {
-            "trial_id": trial_id,
-            "names": list(names),
-            "name_indexes": indexes,
-            "steps": [step for _, step in latest],
-            "values": [value for value, _ in stored],
-            "nonfinite": [int(flag) for _, flag in stored],
-        }
-        added = _rowcount(session.execute(_PG_INSERT_NEW, arrays))
-        if added < len(latest):
-            session.execute(_PG_UPSERT, arrays)
-        return added
+        return _merge_chunks(session, trial_id, latest, stored)
     rows = [
         {"trial_id": trial_id, "name": name, "step": step, "value": value, "nonfinite": int(flag)}
         for (name, step), (value, flag) in zip(latest, stored, strict=True)
@@ -269,6 +269,37 @@ def _upsert(session: Session, db: Database, trial_id: int, latest: dict[tuple[st
         update = {"value": statement.excluded.value, "nonfinite": statement.excluded.nonfinite}
         connection.execute(
             statement.on_conflict_do_update(index_elements=["trial_id", "name", "step"], set_=update), rows
+        )
+    return added
+
+
+def _merge_chunks(
+    session: Session, trial_id: int, latest: dict[tuple[str, int], float], stored: list[tuple[float | None, int]]
+) -> int:
+    """Postgres: merges the batch into the trial's chunks, metric by metric (see `_TAKE_CHUNKS`);
+    answers how many of its points were new."""
+    by_name: dict[str, dict[int, tuple[float | None, int]]] = {}
+    for (name, step), (value, flag) in zip(latest, stored, strict=True):
+        by_name.setdefault(name, {})[step] = (value, int(flag))
+    added = 0
+    for name, points in by_name.items():
+        span = {"trial_id": trial_id, "name": name, "first": min(points), "last": max(points)}
+        merged: dict[int, tuple[float | None, int]] = {}
+        for steps, values, flags in session.execute(_TAKE_CHUNKS, span):
+            merged.update(zip(steps, zip(values, flags, strict=True), strict=True))
+        added += sum(1 for step in points if step not in merged)
+        merged.update(points)
+        steps = sorted(merged)
+        session.execute(
+            _PUT_CHUNK,
+            {
+                **span,
+                "first": steps[0],
+                "last": steps[-1],
+                "steps": steps,
+                "values": [merged[step][0] for step in steps],
+                "nonfinite": [merged[step][1] for step in steps],
+            },
         )
     return added
 

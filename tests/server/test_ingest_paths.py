@@ -6,9 +6,11 @@ before counting, a batch near the quota), and heartbeats and claims keep their a
 from __future__ import annotations
 
 import math
+import random
+import threading
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from hpo.server import leases, results, studies
 from hpo.server.db import Database
@@ -109,3 +111,96 @@ def test_fencing_holds_on_the_fast_paths(db: Database) -> None:
     assert leases.heartbeat(db, trial_id, lease, 60).should_stop  # cancelled: stop, not 409
     with pytest.raises(LeaseLost):  # but a cancelled trial takes no more points
         results.record_metrics(db, trial_id, lease, _points((1, "train/loss", 1.0)), 1000)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_any_sequence_of_batches_and_cuts_stores_the_last_value_of_each_step(db: Database, seed: int) -> None:
+    """Appends, replays, batches reaching back between or across stored ones, several metrics, and
+    history cuts inside a batch: the stored points are exactly the last value sent for each
+    (metric, step) not cut, counted once each; on Postgres the chunks of a metric stay ascending
+    and disjoint (migration 0014)."""
+    rng = random.Random(seed)
+    trial_id, lease = _claimed(db)
+    expected: dict[tuple[str, int], float] = {}
+    top = 0
+    for _ in range(40):
+        kind = rng.random()
+        if kind < 0.1 and expected:  # a resumed attempt's history cut
+            after = rng.randrange(0, top + 1)
+            with db.transaction() as session:
+                deleted = leases._delete_points(session, trial_id, after)
+            gone = [key for key in expected if key[1] > after]
+            assert deleted == len(gone)
+            for key in gone:
+                del expected[key]
+            with db.transaction() as session:
+                session.get_one(Trial, trial_id).point_count = len(expected)
+            continue
+        if kind < 0.6:  # appending
+            steps = range(top + 1, top + 1 + rng.randrange(1, 30))
+        else:  # anywhere so far: replays, gaps filled, ranges spanning stored batches
+            lo = rng.randrange(0, top + 1)
+            steps = range(lo, lo + rng.randrange(1, 40))
+        points = [
+            (step, name, round(rng.uniform(0, 1), 6))
+            for step in steps
+            for name in rng.sample(["valid/error_rate", "train/loss", "train/grad_norm"], rng.randrange(1, 4))
+            if rng.random() < 0.8
+        ]
+        if not points:
+            continue
+        results.record_metrics(db, trial_id, lease, _points(*points), 100_000)
+        expected.update({(name, step): value for step, name, value in points})
+        top = max(top, *(step for step, _, _ in points))
+    with db.transaction() as session:
+        rows = session.scalars(select(MetricPoint).where(MetricPoint.trial_id == trial_id))
+        stored = {(p.name, p.step): p.value for p in rows}
+        count = session.get_one(Trial, trial_id).point_count
+        if not db.is_sqlite:
+            chunks = session.execute(
+                text(
+                    "SELECT name, first_step, last_step, steps FROM metric_chunks "
+                    "WHERE trial_id = :t ORDER BY name, first_step"
+                ),
+                {"t": trial_id},
+            ).all()
+            for a, b in zip(chunks, chunks[1:], strict=False):
+                assert a.name != b.name or a.last_step < b.first_step
+            for chunk in chunks:
+                assert list(chunk.steps) == sorted(set(chunk.steps))
+                assert (chunk.first_step, chunk.last_step) == (chunk.steps[0], chunk.steps[-1])
+    assert stored == expected
+    assert count == len(expected)
+
+
+@pytest.mark.postgres
+def test_batches_sent_twice_at_once_store_each_point_once(postgres_url: str) -> None:
+    """A reporter's retry can arrive while its first try is still being written: the one-statement
+    path then sees the trial's chunks as they were before the lock it waited for, and must leave
+    the batch to the transaction, which merges it (no error, no step stored twice)."""
+    db = Database(postgres_url)
+    db.upgrade()
+    trial_id, lease = _claimed(db)
+    batches = [_points(*((step, "train/loss", step / 7) for step in range(b * 50, b * 50 + 50))) for b in range(20)]
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            for batch in batches:
+                results.record_metrics(db, trial_id, lease, batch, 100_000)
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with db.transaction() as session:
+        steps = session.execute(
+            text("SELECT step FROM metric_points WHERE trial_id = :t ORDER BY step"), {"t": trial_id}
+        ).scalars().all()
+        assert session.get_one(Trial, trial_id).point_count == 1000
+    assert steps == list(range(1000))
+    db.dispose()
