@@ -7,7 +7,7 @@ keeps the answers, but only in the process that computed them: a restarted serve
 several behind one address, judged the study again. So an answer computed while no trial of the
 study runs (the version then holds until something changes) is written here too, keyed by the
 study's version (`memo.version`) and a digest of the server's code, and any server reads it back
-for that version; the keeper (`keep_still_studies`) computes the rows of large studies that have
+for that version; the keeper's chore (`StillStudies`) computes the rows of large studies that have
 gone still, so even the first visit after a study ends reads them. A row whose version or code
 differs is never read: the chart is recomputed and the row replaced.
 """
@@ -59,10 +59,6 @@ def keepable(kind: str, options: Mapping[str, Any]) -> bool:
     return kind in FIRST_SCREEN and all(options.get(name) is None for name in _SHAPING_OPTIONS)
 
 
-def _still(version: Version) -> bool:
-    return version[1] in ("0", "None")  # no trial runs: the version holds until something changes
-
-
 def _key(version: Version) -> str:
     return "\x1f".join(version)
 
@@ -72,12 +68,12 @@ def read_or_compute(db: Database, study_id: int, kind: str, compute: Callable[[]
     still. The version is read before computing, so a row never claims a version older than the
     data it holds. Keeping is best effort: a failed write is logged, the answer still returned."""
     version = memo.study_version(db, study_id)
-    if _still(version):
+    if memo.still(version):
         kept = _read(db, study_id, kind, version)
         if kept is not None:
             return kept
     body = compute()
-    if _still(version):
+    if memo.still(version):
         _store(db, study_id, kind, version, body)
     return body
 
@@ -85,7 +81,7 @@ def read_or_compute(db: Database, study_id: int, kind: str, compute: Callable[[]
 def all_kept(db: Database, study_id: int) -> bool:
     """Whether every first-screen chart of the study is kept for its current version."""
     version = memo.study_version(db, study_id)
-    if not _still(version):
+    if not memo.still(version):
         return False
     with db.transaction() as session:
         kept = session.execute(
@@ -144,7 +140,7 @@ class StillStudies:
         done = 0
         for study_id in self._candidates():
             version = memo.study_version(self.db, study_id)
-            if self._tried.get(study_id) == version or not _still(version) or all_kept(self.db, study_id):
+            if self._tried.get(study_id) == version or not memo.still(version) or all_kept(self.db, study_id):
                 continue
             self._tried[study_id] = version
             for kind in FIRST_SCREEN:

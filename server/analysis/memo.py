@@ -47,6 +47,11 @@ def version(session: Session, study_id: int) -> tuple[str, ...]:
     return tuple(str(v) for v in row)
 
 
+def still(version: tuple[str, ...]) -> bool:
+    """Whether no trial runs at this version: it then holds until something changes."""
+    return version[1] in ("0", "None")
+
+
 def study_version(db: Database, study_id: int) -> tuple[str, ...]:
     with db.transaction() as session:
         return version(session, study_id)
@@ -55,7 +60,7 @@ def study_version(db: Database, study_id: int) -> tuple[str, ...]:
 def _valid(entry: tuple[tuple[str, ...], float, Any] | None, current: tuple[str, ...], live: bool) -> bool:
     if entry is None or entry[0] != current:
         return False
-    if current[1] in ("0", "None"):  # nothing runs: the answer holds until the version changes
+    if still(current):  # the answer holds until the version changes
         return True
     return live and time.monotonic() - entry[1] <= LIVE_SECONDS
 
@@ -80,7 +85,7 @@ def in_session(session: Session, study_id: int, what: Any, compute: Callable[[],
 
 
 def _remember(bind: int, study_id: int, what: Any, current: tuple[str, ...], compute: Callable[[], T], live: bool) -> T:
-    if not live and current[1] not in ("0", "None"):
+    if not live and not still(current):
         return compute()  # never kept while a trial runs: nothing to share
     key = (bind, study_id, what)
     with _LOCK:
