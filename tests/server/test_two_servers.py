@@ -1,7 +1,8 @@
 """Several servers, one Postgres (issue 22, item 2): two real `hpo server` processes on two ports
 share a database and a signing key; workers speak the worker protocol through `ServerClient` given
 both URLs, half of them starting at each server. One server is killed (SIGKILL, its whole process
-group) while trials run. Every trial is handed out once and completes, a trial token issued by one
+group) while trials run. Every trial is handed out once (a claim whose answer was lost is handed
+out again only after its lease expired) and completes, a trial token issued by one
 server writes through the other, and every acknowledged metric point is stored exactly once."""
 
 from __future__ import annotations
@@ -106,10 +107,18 @@ class Fleet:
     def run(self, index: int) -> None:
         client = ServerClient(",".join(self.urls), self.token, timeout=10, start=index)
         try:
+            deadline = time.monotonic() + 80
             while True:
                 claim = client.claim(f"w{index}", 1, 0, retry_for=30)
                 if claim is None:
-                    return
+                    # Like worker.loop: poll while the study has unfinished trials. A claim the
+                    # killed server committed but never answered leaves its trial leased to no
+                    # one until the lease expires; then it is pending again and handed out here.
+                    with self.lock:
+                        if len(self.completed) == TRIALS or time.monotonic() > deadline:
+                            return
+                    time.sleep(0.2)
+                    continue
                 with self.lock:
                     self.claims.append((claim["trial_id"], claim["lease_id"]))
                     self.served_by[client.base_url] = self.served_by.get(client.base_url, 0) + 1
@@ -143,6 +152,16 @@ def test_two_servers_one_postgres_one_killed(two_servers: Any, postgres_url: str
         f"{urls[0]}/api/v1/studies", json=SPEC, headers={"Authorization": f"Bearer {tokens['write']}"}, timeout=30
     )
     assert created.status_code == 201, created.text
+    # A claim whose answer never reaches its worker (as when a server dies between commit and
+    # reply, which the kill below may or may not hit): its trial must still be run, by another
+    # worker once the lease expires, and never be handed out twice while the lease holds.
+    orphan = httpx.post(
+        f"{urls[1]}/api/v1/workers/claim",
+        json={"worker_id": "lost", "resources": {"cpus": 1, "gpus": 0}},
+        headers={"Authorization": f"Bearer {tokens['worker']}"},
+        timeout=30,
+    )
+    assert orphan.status_code == 200, orphan.text
     fleet = Fleet(urls, tokens["worker"])
     threads = [threading.Thread(target=fleet.run, args=(i,)) for i in range(WORKERS)]
     for thread in threads:
