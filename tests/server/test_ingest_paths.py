@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select, text, update
 
 from hpo.server import leases, results, studies
+from hpo.server.analysis import queries
 from hpo.server.db import Database
 from hpo.server.errors import LeaseLost, NotFound, QuotaExceeded
 from hpo.server.models import MetricPoint, Study, StudyStatus, Trial
@@ -169,8 +170,12 @@ def test_any_sequence_of_batches_and_cuts_stores_the_last_value_of_each_step(db:
             for chunk in chunks:
                 assert list(chunk.steps) == sorted(set(chunk.steps))
                 assert (chunk.first_step, chunk.last_step) == (chunk.steps[0], chunk.steps[-1])
+        study_id = session.get_one(Trial, trial_id).study_id
+        # The horizon of a spec without max_train_steps (read from the chunks on Postgres).
+        last_steps = {name: queries.last_step(session, study_id, name) for name in {n for n, _ in expected}}
     assert stored == expected
     assert count == len(expected)
+    assert last_steps == {name: max(s for n, s in expected if n == name) for name in last_steps}
 
 
 @pytest.mark.postgres
@@ -198,9 +203,11 @@ def test_batches_sent_twice_at_once_store_each_point_once(postgres_url: str) -> 
         thread.join()
     assert errors == []
     with db.transaction() as session:
-        steps = session.execute(
-            text("SELECT step FROM metric_points WHERE trial_id = :t ORDER BY step"), {"t": trial_id}
-        ).scalars().all()
+        steps = (
+            session.execute(text("SELECT step FROM metric_points WHERE trial_id = :t ORDER BY step"), {"t": trial_id})
+            .scalars()
+            .all()
+        )
         assert session.get_one(Trial, trial_id).point_count == 1000
     assert steps == list(range(1000))
     db.dispose()
