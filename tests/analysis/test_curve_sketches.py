@@ -54,6 +54,29 @@ def _same(a: dict[int, sketches.Curve], b: dict[int, sketches.Curve]) -> bool:
     )
 
 
+def test_downsampled_is_each_buckets_first_step_and_mean_of_the_points(db: Database) -> None:
+    """Against the points read one by one (on Postgres the buckets come back as a row of arrays per
+    trial): a bucket's first step and the mean of its finite values, None when it has none."""
+    _, ids = _study(db, completed=2, running=1)
+    with db.engine.connect() as conn:
+        rows = conn.execute(text("SELECT trial_id, name, step, value FROM metric_points ORDER BY step")).all()
+    for name in ("valid/error_rate", "train/loss"):
+        for width in (1, 7, 34, 10_000):
+            buckets: dict[int, dict[int, list[tuple[int, float | None]]]] = {}
+            for r in rows:
+                if r.name == name:
+                    buckets.setdefault(r.trial_id, {}).setdefault(r.step // width, []).append((r.step, r.value))
+            expected: dict[int, sketches.Curve] = {}
+            for trial_id, by_bucket in buckets.items():
+                steps, means = expected.setdefault(trial_id, ([], []))
+                for points in by_bucket.values():
+                    finite = [v for _, v in points if v is not None]
+                    steps.append(min(step for step, _ in points))
+                    means.append(sum(finite) / len(finite) if finite else None)
+            assert set(expected) == set(ids)
+            assert _same(_from_points(db, ids, name, width), expected)
+
+
 def test_the_keeper_keeps_every_curve_name_of_completed_trials_only(db: Database) -> None:
     study_id, ids = _study(db, completed=3, running=1)
     assert keeper.keep_all(db) == 3
