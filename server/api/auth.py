@@ -27,7 +27,9 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..auth import Authenticator, Principal
+from ..errors import StorageError
 from ..lograte import Tally
+from .errors import error_response
 
 SESSION_COOKIE = "hpo_session"
 CSRF_COOKIE = "hpo_csrf"
@@ -76,11 +78,16 @@ class Auth:
             return
         method, path = scope["method"], scope["path"]
         permission = required_permission(method, path)
-        if not await self._enabled():
+        headers = _headers(scope)
+        try:
+            enabled = await self._enabled()
+            principal, via_cookie = await self._principal(headers) if enabled else (None, False)
+        except StorageError as exc:  # the database is away: 503 as from any route, not a 500
+            await error_response(exc)(scope, receive, send)
+            return
+        if not enabled:
             await self.app(scope, receive, send)
             return
-        headers = _headers(scope)
-        principal, via_cookie = await self._principal(headers)
         if permission is None:  # sign-in, sign-out, static files: served to anyone, within the cap
             if principal is None:
                 await self._unauthenticated_call(scope, receive, send)

@@ -18,6 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
+from hpo.server import auth
+from hpo.server.db import Database
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -112,6 +114,46 @@ def test_a_database_outage_is_503_one_line_a_request_and_no_traceback(
         assert len(storage_lines) == 5, during  # one line a request (plus uvicorn's access line)
         relay.start()
         _wait_for(lambda: httpx.get(f"{base}/api/v1/studies", timeout=5).status_code == 200, "recovery")
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_an_outage_is_503_at_the_credentials_check_too(relayed: tuple[Relay, str], tmp_path: Path) -> None:
+    """With tokens, every request's credentials are looked up in the database once its 2 s cache
+    lapses: during an outage that lookup answers 503 like the routes, never a 500 and a traceback
+    (the fleet simulation found it when Postgres refused connections)."""
+    relay, url = relayed
+    db = Database(url)
+    db.upgrade()
+    token = auth.create_token(db, "read")[1]
+    db.dispose()
+    port = free_port()
+    log = tmp_path / "server.log"
+    env = {**os.environ, "HPO_DATABASE_URL": url, "HPO_SESSION_SECRET_FILE": str(tmp_path / "key")}
+    env.pop("HPO_API_TOKEN", None)
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "hpo.cli", "server", "--port", str(port)], env=env, stdout=out, stderr=out
+        )
+    base = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        _wait_for(lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, "the server")
+        assert httpx.get(f"{base}/api/v1/studies", headers=headers, timeout=5).status_code == 200
+        relay.cut()
+        before = len(log.read_text().splitlines())
+        unknown = httpx.get(f"{base}/api/v1/studies", headers={"Authorization": "Bearer hpo_unseen"}, timeout=10)
+        time.sleep(2.5)  # the token and "tokens exist" caches lapse
+        known = httpx.get(f"{base}/api/v1/studies", headers=headers, timeout=10)
+        for answer in (unknown, known):
+            assert answer.status_code == 503, answer.text
+            assert "database" in answer.json()["detail"]
+        during = log.read_text().splitlines()[before:]
+        assert not [line for line in during if "Traceback" in line], "\n".join(during)
+        relay.start()
+        back = lambda: httpx.get(f"{base}/api/v1/studies", headers=headers, timeout=5).status_code == 200  # noqa: E731
+        _wait_for(back, "recovery")
     finally:
         server.terminate()
         server.wait(30)
