@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
 SPACE = [
@@ -136,9 +137,16 @@ class CpuMeter:
         self.engine = create_engine(database_url, poolclass=NullPool)
 
     def _backends(self) -> list[int]:
-        with self.engine.connect() as conn:
-            query = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            return [int(row[0]) for row in conn.execute(text(query))]
+        """The backends' pids; [] when Postgres keeps refusing a connection (max_connections
+        reached by the load: then only the backends seen at `start()` are measured)."""
+        query = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        for _ in range(10):
+            try:
+                with self.engine.connect() as conn:
+                    return [int(row[0]) for row in conn.execute(text(query))]
+            except OperationalError:
+                time.sleep(0.5)
+        return []
 
     def sample(self) -> tuple[float, float, list[int]]:
         backends = self._backends()
