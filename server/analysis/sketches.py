@@ -65,7 +65,7 @@ def downsampled(session: Session, trial_ids: Sequence[int], name: str, width: in
     bucket's first step); a bucket with only non-finite values answers None for its value."""
     if not trial_ids:
         return {}
-    arrays = session.get_bind().dialect.name == "postgresql"
+    arrays = queries.on_postgres(session)
     statement = text(_DOWNSAMPLED_ARRAYS if arrays else _DOWNSAMPLED).bindparams(bindparam("ids", expanding=True))
     out: dict[int, Curve] = {}
     for chunk in range(0, len(trial_ids), 1000):  # bounded IN lists
