@@ -36,8 +36,9 @@ from .schemas import Claim, HeartbeatAnswer
 
 _DIALECT = psycopg_dialect.dialect()
 # Connections per server process: a claim or heartbeat holds one for a round trip, so a few keep
-# a process's event loop busy; with the SQLAlchemy pool's (up to 40) it stays under Postgres'
-# default max_connections of 100 for two processes on one host (docs/workers.md).
+# a process's event loop busy; with the SQLAlchemy pool's (up to 40: db.POOL_KEPT + POOL_OVERFLOW)
+# two processes fit in Postgres' default max_connections of 100 (`hpo server` warns when they do
+# not: server.cli.connections_warning; docs/workers.md).
 POOL_SIZE = 8
 
 

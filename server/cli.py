@@ -98,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
     _check_token_strength(args.host, settings.api_token)
     _check_port(args.host, args.port)
     _signing_key_once(settings, server)
-    tokens = _upgrade_once(settings)
+    tokens = _upgrade_once(settings, args.workers)
     if not is_loopback(args.host) and not settings.api_token and tokens == 0 and not args.insecure:
         raise CliError(
             f"refusing to listen on {args.host} with no token configured: create one first "
@@ -200,8 +200,11 @@ def _signing_key_once(settings: Any, server: Any) -> None:
         raise CliError(str(exc)) from None
 
 
-def _upgrade_once(settings: Any) -> int:
-    """Upgrades the schema once before the processes start; answers how many tokens exist."""
+def _upgrade_once(settings: Any, processes: int) -> int:
+    """Upgrades the schema once before the processes start, and warns when they could need more
+    Postgres connections than are free; answers how many tokens exist."""
+    import sys
+
     from sqlalchemy.exc import SQLAlchemyError
 
     from hpo.cli import CliError
@@ -212,11 +215,48 @@ def _upgrade_once(settings: Any) -> int:
         db = Database(settings.database_url)
         try:
             db.upgrade()
+            warning = connections_warning(db, processes)
+            if warning:
+                print(f"hpo server: warning: {warning}", file=sys.stderr)
             return token_count(db)
         finally:
             db.dispose()
     except (OSError, SQLAlchemyError) as exc:
         raise CliError(database_problem(settings.database_url, exc)) from None
+
+
+def connections_warning(db: Any, processes: int) -> str | None:
+    """What to tell the operator when `processes` server processes, each with its full pools,
+    would need more Postgres connections than the database has free (None on SQLite, or when they
+    fit). Past max_connections, requests answer 503 under load (bench/fleet_sim.py: 4 processes
+    and 1,000 workers on Postgres' default of 100)."""
+    from sqlalchemy import text
+
+    from hpo.server.aio import POOL_SIZE
+    from hpo.server.db import POOL_KEPT, POOL_OVERFLOW
+
+    if db.is_sqlite:
+        return None
+    per_process = POOL_KEPT + POOL_OVERFLOW + POOL_SIZE
+    with db.engine.connect() as conn:
+        limit, reserved, in_use = conn.execute(
+            text(
+                "SELECT current_setting('max_connections')::int, "
+                "current_setting('superuser_reserved_connections')::int, "
+                "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                "AND pid <> pg_backend_pid())"
+            )
+        ).one()
+    free = limit - reserved - in_use
+    needed = processes * per_process
+    if needed <= free:
+        return None
+    return (
+        f"{processes} server process(es) may open up to {needed} Postgres connections ({per_process} each), "
+        f"and the database has {free} free (max_connections {limit}, {in_use} in use, {reserved} reserved): "
+        "under load, requests past that answer 503. Raise max_connections or put PgBouncer in front "
+        "(docs/workers.md)"
+    )
 
 
 def database_problem(url: str, exc: BaseException) -> str:

@@ -194,9 +194,15 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+# A server process's SQLAlchemy pool on Postgres: connections kept, and opened beyond them under
+# load (the hot path's own pool is `aio.POOL_SIZE`; `hpo server` adds them up against the
+# database's max_connections).
+POOL_KEPT, POOL_OVERFLOW = 20, 20
+
+
 def _make_engine(url: str, *, echo: bool) -> Engine:
     if not url.startswith("sqlite"):
-        engine = create_engine(url, echo=echo, pool_size=20, max_overflow=20)
+        engine = create_engine(url, echo=echo, pool_size=POOL_KEPT, max_overflow=POOL_OVERFLOW)
         _check_idle_connections(engine)
         return engine
     engine = create_engine(url, echo=echo, connect_args={"timeout": 30, "check_same_thread": False})

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from hpo.cli import main
 from hpo.server import auth
-from hpo.server.cli import is_loopback
+from hpo.server.cli import connections_warning, is_loopback
 from hpo.server.db import Database
 from tests.conftest import free_port
 
@@ -34,6 +35,21 @@ def test_a_public_bind_without_a_token_is_refused(
     assert main(["server", "--host", "0.0.0.0", "--port", "1"]) == 2
     error = capsys.readouterr().err
     assert "--insecure" in error and "hpo token create" in error and len(error.strip().splitlines()) == 1
+
+
+def test_more_server_processes_than_postgres_connections_are_warned_about(db: Database) -> None:
+    """`hpo server --workers N` warns before starting when N processes' full pools would not fit in
+    the connections Postgres has free (past them, requests answer 503 under load)."""
+    many = connections_warning(db, 10_000)
+    if db.is_sqlite:
+        assert many is None
+        return
+    with db.engine.connect() as conn:
+        limit = int(conn.execute(text("SHOW max_connections")).scalar_one())
+    assert many is not None
+    assert "10000 server process(es) may open up to 480000 Postgres connections (48 each)" in many
+    assert f"max_connections {limit}," in many and "PgBouncer" in many
+    assert connections_warning(db, 0) is None
 
 
 @pytest.mark.slow
