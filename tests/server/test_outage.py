@@ -82,10 +82,8 @@ def relayed(postgres_url: str) -> Iterator[tuple[Relay, str]]:
     yield relay, urlunsplit(parts._replace(netloc=netloc))
 
 
-def test_a_database_outage_is_503_one_line_a_request_and_no_traceback(
-    relayed: tuple[Relay, str], tmp_path: Path
-) -> None:
-    relay, url = relayed
+def _server(url: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """A real `hpo server` on `url`, its output in a log file: (process, base URL, log)."""
     port = free_port()
     log = tmp_path / "server.log"
     env = {**os.environ, "HPO_DATABASE_URL": url, "HPO_SESSION_SECRET_FILE": str(tmp_path / "key")}
@@ -94,7 +92,14 @@ def test_a_database_outage_is_503_one_line_a_request_and_no_traceback(
         server = subprocess.Popen(
             [sys.executable, "-m", "hpo.cli", "server", "--port", str(port)], env=env, stdout=out, stderr=out
         )
-    base = f"http://127.0.0.1:{port}"
+    return server, f"http://127.0.0.1:{port}", log
+
+
+def test_a_database_outage_is_503_one_line_a_request_and_no_traceback(
+    relayed: tuple[Relay, str], tmp_path: Path
+) -> None:
+    relay, url = relayed
+    server, base, log = _server(url, tmp_path)
     try:
         _wait_for(lambda: server.poll() is None and httpx.get(f"{base}/healthz", timeout=2).status_code == 200, "start")
         _wait_for(lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, "the server")
@@ -128,15 +133,7 @@ def test_an_outage_is_503_at_the_credentials_check_too(relayed: tuple[Relay, str
     db.upgrade()
     token = auth.create_token(db, "read")[1]
     db.dispose()
-    port = free_port()
-    log = tmp_path / "server.log"
-    env = {**os.environ, "HPO_DATABASE_URL": url, "HPO_SESSION_SECRET_FILE": str(tmp_path / "key")}
-    env.pop("HPO_API_TOKEN", None)
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "hpo.cli", "server", "--port", str(port)], env=env, stdout=out, stderr=out
-        )
-    base = f"http://127.0.0.1:{port}"
+    server, base, log = _server(url, tmp_path)
     headers = {"Authorization": f"Bearer {token}"}
     try:
         _wait_for(lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, "the server")
