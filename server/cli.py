@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpo.server.db import Database
 
 # The master's pid, for the worker processes of `--workers N` (see hpo.server.asgi).
 MASTER_PID_VARIABLE = "HPO_SERVER_MASTER_PID"
@@ -225,12 +228,13 @@ def _upgrade_once(settings: Any, processes: int) -> int:
         raise CliError(database_problem(settings.database_url, exc)) from None
 
 
-def connections_warning(db: Any, processes: int) -> str | None:
+def connections_warning(db: Database, processes: int) -> str | None:
     """What to tell the operator when `processes` server processes, each with its full pools,
     would need more Postgres connections than the database has free (None on SQLite, or when they
     fit). Past max_connections, requests answer 503 under load (bench/fleet_sim.py: 4 processes
     and 1,000 workers on Postgres' default of 100)."""
     from sqlalchemy import text
+    from sqlalchemy.exc import SQLAlchemyError
 
     from hpo.server.aio import POOL_SIZE
     from hpo.server.db import POOL_KEPT, POOL_OVERFLOW
@@ -238,15 +242,18 @@ def connections_warning(db: Any, processes: int) -> str | None:
     if db.is_sqlite:
         return None
     per_process = POOL_KEPT + POOL_OVERFLOW + POOL_SIZE
-    with db.engine.connect() as conn:
-        limit, reserved, in_use = conn.execute(
-            text(
-                "SELECT current_setting('max_connections')::int, "
-                "current_setting('superuser_reserved_connections')::int, "
-                "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
-                "AND pid <> pg_backend_pid())"
-            )
-        ).one()
+    try:
+        with db.engine.connect() as conn:
+            limit, reserved, in_use = conn.execute(
+                text(
+                    "SELECT current_setting('max_connections')::int, "
+                    "current_setting('superuser_reserved_connections')::int, "
+                    "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                    "AND pid <> pg_backend_pid())"
+                )
+            ).one()
+    except SQLAlchemyError:  # a role that may not read these: no warning rather than no server
+        return None
     free = limit - reserved - in_use
     needed = processes * per_process
     if needed <= free:
