@@ -37,12 +37,15 @@
 
   var draw = {};
 
-  // A chart thinned on the server (past a few thousand points) says so in its caption.
+  // A chart thinned on the server (past a few thousand points) says so in its caption, and says
+  // it again when a redraw (another contour pair or arm) thins differently or not at all.
   function noteThinned(box, shown, total) {
     var caption = box.parentElement.querySelector("figcaption");
-    if (!caption || caption.dataset.thinned || shown >= total) return;
-    caption.dataset.thinned = "1";
-    caption.appendChild(document.createTextNode(" — " + shown + " of " + total + " points drawn: the best 1,000 and an even sample"));
+    if (!caption) return;
+    var note = caption.querySelector(".thinned");
+    if (shown >= total) { if (note) note.remove(); return; }
+    if (!note) { note = document.createElement("span"); note.className = "thinned"; caption.appendChild(note); }
+    note.textContent = " — " + shown + " of " + total + " points drawn: the best 1,000 and an even sample";
   }
 
   draw.history = function (d, box) {
@@ -252,6 +255,7 @@
       if (d[axis]) s.value = d[axis];
     });
     if (!d.points || !d.points.x.length) return hpo.empty(box, d.message || "No completed trials yet.");
+    noteThinned(box, d.shown, d.n_points);
     var traces = [];
     if (d.grid) traces.push({ type: "contour", x: d.grid.x, y: d.grid.y, z: d.grid.z, colorscale: "Viridis",
       reversescale: root.dataset.mode !== "max", connectgaps: false, hoverinfo: "skip", contours: { coloring: "heatmap" },
@@ -267,37 +271,99 @@
   var TIMELINE_COLORS = { completed: hpo.COLORS[0], running: "#2ca02c", preempted: "#ff7f0e", expired: "#9467bd",
     error: "#8c564b", infeasible: hpo.INFEASIBLE, config: "#e377c2", cancelled: "#999", failed: "#8c564b", pending: "#bbb", unknown: "#666" };
   var TIMELINE_WORDS = { expired: "lease expired", config: "config error", pending: "requeued", unknown: "end not recorded" };
+  // Past TIMELINE_MERGE_FROM bars a worker's row holds several attempts per pixel: consecutive
+  // attempts of one outcome on one row less than a pixel's worth of time apart are drawn as one
+  // segment (the same picture; its hover counts them), merged again for the range in view when the
+  // person zooms. SVG then draws what needed WebGL and Plotly's full bundle, a 0.8-2.7 s task at
+  // 50,000 trials. The box's data-merge-from overrides the threshold (the browser tests' hook).
+  var TIMELINE_MERGE_FROM = 10000;
+
+  function timelineLabel(d, i, straggler) {
+    var b = d.bars, how = d.outcomes[b.outcome[i]], secs = b.end[i] - b.start[i];
+    var which = b.attempt[i] === null ? (b.attempts[i] > 1 ? " (" + b.attempts[i] + " attempts, not recorded apart)" : "")
+      : b.attempts[i] > 1 ? " · attempt " + b.attempt[i] + " of " + b.attempts[i] : "";
+    return "trial " + b.ids[i] + (b.replica[i] ? " (replica)" : "") + which + "<br>" + d.workers[b.worker[i]].name + " · " +
+      (TIMELINE_WORDS[how] || how) + " · " + hpo.duration(secs) +
+      (straggler ? "<br>straggler: over " + hpo.fmt(secs / d.median_seconds) + "× the median attempt" : "");
+  }
+
+  // [{first, n, start, end}] per outcome, in bar order: runs of one outcome's bars on one row whose
+  // gaps are at most `seconds` (0: every bar its own segment).
+  function timelineSegments(d, seconds) {
+    var b = d.bars, runs = {}, order = [];
+    for (var i = 0; i < b.ids.length; i++) {
+      var key = b.outcome[i] + "/" + b.worker[i];
+      if (!runs[key]) { runs[key] = []; order.push(key); }
+      runs[key].push(i);
+    }
+    var out = {};
+    order.forEach(function (key) {
+      var bars = runs[key].sort(function (p, q) { return b.start[p] - b.start[q]; }), cur = null;
+      var list = out[b.outcome[bars[0]]] || (out[b.outcome[bars[0]]] = []);
+      bars.forEach(function (i) {
+        if (cur && seconds > 0 && b.start[i] - cur.end <= seconds) {
+          cur.n += 1; cur.last = i; cur.end = Math.max(cur.end, b.end[i]);
+        } else {
+          cur = { first: i, last: i, n: 1, start: b.start[i], end: b.end[i] };
+          list.push(cur);
+        }
+      });
+    });
+    return out;
+  }
+
+  function timelineTraces(d, seconds, width) {
+    var b = d.bars, straggler = {}, marks = { x: [], y: [], text: [], ids: [] };
+    d.stragglers.forEach(function (i) { straggler[i] = true; });
+    var segments = timelineSegments(d, seconds), count = 0, traces = [];
+    Object.keys(segments).forEach(function (o) { count += segments[o].length; });
+    var gl = count > TIMELINE_MERGE_FROM;  // SVG up to 10,000 segments (WebGL without a GPU took 17 s at 5,000)
+    d.outcomes.forEach(function (how, o) {
+      if (!segments[o]) return;
+      var t = { x: [], y: [], customdata: [], text: [] };
+      segments[o].forEach(function (g) {
+        var worker = d.workers[b.worker[g.first]].name, label;
+        if (g.n === 1) {
+          label = timelineLabel(d, g.first, straggler[g.first]);
+          t.customdata.push(b.ids[g.first], b.ids[g.first], null);
+        } else {
+          label = g.n + " attempts, trials " + b.ids[g.first] + " to " + b.ids[g.last] + "<br>" + worker + " · " +
+            (TIMELINE_WORDS[how] || how) + " · " + hpo.duration(g.end - g.start) + "<br>zoom in to see each";
+          t.customdata.push(null, null, null);
+        }
+        t.x.push(d.t0 + 1000 * g.start, d.t0 + 1000 * g.end, null); t.y.push(worker, worker, null); t.text.push(label, label, "");
+      });
+      traces.push({ type: gl ? "scattergl" : "scatter", mode: "lines", name: TIMELINE_WORDS[how] || how, x: t.x, y: t.y,
+        customdata: t.customdata, text: t.text, hovertemplate: "%{text}<extra></extra>", connectgaps: false,
+        line: { color: TIMELINE_COLORS[how] || "#666", width: width } });
+    });
+    d.stragglers.forEach(function (i) {
+      marks.x.push(d.t0 + 1000 * b.end[i]); marks.y.push(d.workers[b.worker[i]].name); marks.ids.push(b.ids[i]);
+      marks.text.push(timelineLabel(d, i, true));
+    });
+    if (marks.x.length) traces.push({ type: "scatter", mode: "markers", name: "straggler", x: marks.x, y: marks.y, customdata: marks.ids,
+      text: marks.text, hovertemplate: "%{text}<extra></extra>", marker: { symbol: "triangle-left", size: 8, color: "#d62728" } });
+    return traces;
+  }
+
+  // The seconds one pixel of the plot stands for over [lo, hi] (seconds after t0), or 0 when the
+  // study has too few bars to merge.
+  function timelinePixel(d, box, lo, hi) {
+    var from = Number(box.dataset.mergeFrom || TIMELINE_MERGE_FROM);
+    if (d.bars.ids.length <= from) return 0;
+    return Math.max(0, hi - lo) / Math.max(200, box.clientWidth - 160);  // less the margins
+  }
+
   draw.timeline = function (d, box) {
     if (!d.n) return hpo.empty(box, "No trial has started yet.");
-    var b = d.bars, traces = {}, straggler = {}, ended = {};
-    d.stragglers.forEach(function (i) { straggler[i] = true; });
-    var names = d.workers.map(function (w) { return w.name; });
-    var marks = { x: [], y: [], text: [], ids: [] };
+    var b = d.bars, ended = {}, lo = Infinity, hi = -Infinity;
     for (var i = 0; i < b.ids.length; i++) {
       var how = d.outcomes[b.outcome[i]];
       ended[how] = (ended[how] || 0) + 1;
-      var t = traces[how] || (traces[how] = { x: [], y: [], customdata: [], text: [] });
-      var worker = names[b.worker[i]];
-      var secs = b.end[i] - b.start[i];
-      var x0 = d.t0 + 1000 * b.start[i], x1 = d.t0 + 1000 * b.end[i];
-      var which = b.attempt[i] === null ? (b.attempts[i] > 1 ? " (" + b.attempts[i] + " attempts, not recorded apart)" : "")
-        : b.attempts[i] > 1 ? " · attempt " + b.attempt[i] + " of " + b.attempts[i] : "";
-      var label = "trial " + b.ids[i] + (b.replica[i] ? " (replica)" : "") + which + "<br>" + worker + " · " +
-        (TIMELINE_WORDS[how] || how) + " · " + hpo.duration(secs) +
-        (straggler[i] ? "<br>straggler: over " + hpo.fmt(secs / d.median_seconds) + "× the median attempt" : "");
-      t.x.push(x0, x1, null); t.y.push(worker, worker, null);
-      t.customdata.push(b.ids[i], b.ids[i], null); t.text.push(label, label, "");
-      if (straggler[i]) { marks.x.push(x1); marks.y.push(worker); marks.ids.push(b.ids[i]); marks.text.push(label); }
+      lo = Math.min(lo, b.start[i]); hi = Math.max(hi, b.end[i]);
     }
+    var names = d.workers.map(function (w) { return w.name; });
     var width = Math.max(3, Math.min(14, 240 / Math.max(1, names.length)));
-    var gl = b.ids.length > 10000;  // SVG up to 10,000 bars (WebGL without a GPU took 17 s at 5,000); past it SVG's paths cost more
-    var out = d.outcomes.filter(function (how) { return traces[how]; }).map(function (how) {
-      var t = traces[how];
-      return { type: gl ? "scattergl" : "scatter", mode: "lines", name: TIMELINE_WORDS[how] || how, x: t.x, y: t.y, customdata: t.customdata, text: t.text,
-        hovertemplate: "%{text}<extra></extra>", connectgaps: false, line: { color: TIMELINE_COLORS[how] || "#666", width: width } };
-    });
-    if (marks.x.length) out.push({ type: "scatter", mode: "markers", name: "straggler", x: marks.x, y: marks.y, customdata: marks.ids,
-      text: marks.text, hovertemplate: "%{text}<extra></extra>", marker: { symbol: "triangle-left", size: 8, color: "#d62728" } });
     var idle = d.workers.filter(function (w) { return w.busy_fraction !== null && w.busy_fraction < 0.5; }).length;
     var interrupted = ["preempted", "expired", "error"].filter(function (how) { return ended[how]; })
       .map(function (how) { return ended[how] + " " + (TIMELINE_WORDS[how] || how); });
@@ -306,9 +372,39 @@
     if (caption) caption.textContent = count(d.workers.length, "worker") + ", " + count(d.n, "attempt") + " of " + count(d.n_trials, "trial") +
       (idle ? ", " + count(idle, "worker") + " busy under half the time" : "") + (interrupted.length ? ", " + interrupted.join(", ") : "") +
       (d.stragglers.length ? ", " + count(d.stragglers.length, "straggler") : "");
-    return hpo.draw(box, out, hpo.layout({ height: Math.min(600, 120 + 28 * names.length), xaxis: { type: "date", title: { text: "wall-clock time" } },
-      yaxis: { type: "category", categoryorder: "array", categoryarray: names.slice().reverse(), automargin: true } }), "timeline");
+    var layout = hpo.layout({ height: Math.min(600, 120 + 28 * names.length), xaxis: { type: "date", title: { text: "wall-clock time" } },
+      yaxis: { type: "category", categoryorder: "array", categoryarray: names.slice().reverse(), automargin: true } });
+    box._timeline = { d: d, lo: lo, hi: hi, width: width, merged: null };
+    return timelineDraw(box, layout, lo, hi);
   };
+
+  // Draws the timeline merged for [lo, hi] and, while it merges, merges again as the view zooms.
+  function timelineDraw(box, layout, lo, hi) {
+    var t = box._timeline, pixel = timelinePixel(t.d, box, lo, hi);
+    t.merged = lo + ":" + hi;
+    return hpo.draw(box, timelineTraces(t.d, pixel, t.width), layout, "timeline").then(function () {
+      box.dataset.merged = pixel > 0 ? t.merged : "";
+      if (pixel === 0 || box._remergeFor === box._hpoPlotly) return;
+      box._remergeFor = box._hpoPlotly;  // a switch of Plotly bundle purges the chart's listeners
+      box.on("plotly_relayout", function (ev) {
+        var now = box._timeline, from = now.lo, to = now.hi;
+        // a drag answers the range's ends, Plotly.relayout the range; a date axis as naive UTC strings
+        var range = ev["xaxis.range"] || (ev["xaxis.range[0]"] !== undefined ? [ev["xaxis.range[0]"], ev["xaxis.range[1]"]] : null);
+        var seconds = function (v) {
+          if (typeof v === "number") return (v - now.d.t0) / 1000;
+          var text = String(v).replace(" ", "T");
+          return (Date.parse(text.indexOf("T") < 0 ? text + "T00:00Z" : text + "Z") - now.d.t0) / 1000;
+        };
+        if (range) {
+          from = seconds(range[0]); to = seconds(range[1]);
+          if (!isFinite(from) || !isFinite(to)) return;
+        } else if (!ev["xaxis.autorange"]) {
+          return;
+        }
+        if (from + ":" + to !== now.merged) timelineDraw(box, box.layout, from, to);
+      });
+    });
+  }
 
   draw.best_steps = function (d, box) {
     if (!d.fractions.length) return hpo.empty(box, "No completed trials yet.");

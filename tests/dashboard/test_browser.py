@@ -380,3 +380,112 @@ def test_axis_panels_below_the_view_draw_when_scrolled_near(site: dict, driver: 
         assert errors(driver) == []
     finally:
         driver.set_window_size(1400, 2400)
+
+
+def test_a_thinned_contour_says_how_many_of_its_trials_it_draws(
+    site: dict, driver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past CONTOUR_POINTS trials the contour draws the best and an even sample of them over the
+    surface of them all, and its caption says so (the server runs in this process)."""
+    from hpo.server import charts
+    from hpo.server.analysis import memo
+
+    monkeypatch.setattr(charts, "CONTOUR_POINTS", 5)
+    try:
+        # The answers are kept per study version, and the previous test's page may still have had
+        # the contour computed unthinned: forget them until the kept answer is the thinned one.
+        deadline = time.monotonic() + 30
+        while True:
+            memo.clear()
+            answer = site["client"].get(f"/api/v1/studies/{site['study']['id']}/charts/contour").json()
+            if answer["shown"] == 5:
+                break
+            assert time.monotonic() < deadline, answer["shown"]
+            time.sleep(0.2)
+        driver.get(f"{site['url']}/studies/{site['study']['id']}")
+        box = "document.querySelector('[data-chart=\"contour\"]')"
+        driver.execute_script(f"{box}.scrollIntoView()")
+        wait(driver, f"return {box}.dataset.rendered")
+        caption = driver.execute_script(f"return {box}.parentElement.querySelector('figcaption .thinned').textContent")
+        assert re.search(r"\b5 of (\d+) points drawn", caption), caption
+        assert int(re.search(r"of (\d+)", caption).group(1)) > 5  # type: ignore[union-attr]
+        assert len(driver.find_elements("css selector", '[data-chart="contour"] .scatterlayer path.point')) == 5
+        assert driver.find_elements("css selector", '[data-chart="contour"] .contourlayer path')  # the surface
+        assert errors(driver) == []
+    finally:
+        monkeypatch.undo()
+        memo.clear()  # the module's other tests see the whole contour again
+
+
+def _segments(driver: Any, box: str) -> dict[str, list[tuple[str, float, float]]]:
+    """The timeline's drawn bars by trace: (row, start ms, end ms), read from Plotly's own data."""
+    traces = driver.execute_script(f"return {box}.data.map(t => [t.name, t.mode, t.x, t.y])")
+    out: dict[str, list[tuple[str, float, float]]] = {}
+    for name, mode, xs, ys in traces:
+        if mode != "lines":
+            continue
+        out[name] = [(ys[i], xs[i], xs[i + 1]) for i in range(0, len(xs), 3)]
+    return out
+
+
+def test_a_timeline_of_sub_pixel_attempts_merges_them_and_unmerges_on_zoom(driver: Any, tmp_path: Path) -> None:
+    """Past the threshold (10,000 bars; 1 here through the box's data-merge-from), attempts of one
+    outcome on one row less than a pixel apart are one segment that covers each of them, and zooming
+    in draws them apart again. Its own server; the attempts are planted 9 s long, 1 s apart, the
+    last a day later (so one pixel is over a minute)."""
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import create_engine, text
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'merge.db'}", artifact_root=tmp_path / "artifacts")
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        study = create(client, spec("merge", num_trials=6))
+        run_pending(client, valley(1.4))
+        base = datetime(2026, 11, 27, 12, tzinfo=timezone.utc)
+        engine = create_engine(settings.database_url)
+        with engine.begin() as conn:
+            ids = [r[0] for r in conn.execute(text("SELECT trial_id FROM trial_attempts ORDER BY trial_id"))]
+            for k, trial_id in enumerate(ids):
+                start = base + timedelta(seconds=10 * k if k < len(ids) - 1 else 86_400)
+                stamps = {
+                    "s": start.strftime("%Y-%m-%d %H:%M:%S.%f"),
+                    "e": (start + timedelta(seconds=9)).strftime("%Y-%m-%d %H:%M:%S.%f"),
+                }
+                conn.execute(
+                    text("UPDATE trial_attempts SET started_at = :s, ended_at = :e WHERE trial_id = :t"),
+                    {**stamps, "t": trial_id},
+                )
+        engine.dispose()
+        timeline = client.get(f"/api/v1/studies/{study['id']}/charts/timeline").json()
+        bars, names, t0 = timeline["bars"], [w["name"] for w in timeline["workers"]], timeline["t0"]
+        assert len(bars["ids"]) == len(ids) > 3 and t0 == base.timestamp() * 1000
+        driver.get(f"{server.url}/studies/{study['id']}")
+        box = "document.querySelector('[data-chart=\"timeline\"]')"
+        driver.execute_script(f"{box}.dataset.mergeFrom = '1'; {box}.scrollIntoView()")
+        before = wait(driver, f"return {box}.dataset.rendered && {box}.dataset.merged")
+        merged = _segments(driver, box)
+        assert list(merged) == ["completed"] and len(merged["completed"]) == 2  # the day's run, the day after
+        for i in range(len(bars["ids"])):  # every attempt lies within a segment of its row
+            row, start_ms, end_ms = names[bars["worker"][i]], t0 + 1000 * bars["start"][i], t0 + 1000 * bars["end"][i]
+            assert any(r == row and s <= start_ms and end_ms <= e for r, s, e in merged["completed"]), i
+        texts = driver.execute_script(f"return {box}.data.flatMap(t => t.text || [])")
+        assert (
+            f"{len(ids) - 1} attempts, trials {ids[0]} to {ids[-2]}" in texts[0] and "zoom in to see each" in texts[0]
+        )
+
+        # Zoomed to the first minute, the way a drag answers it (naive UTC date strings): every
+        # attempt in view its own bar again.
+        def naive(moment: datetime) -> str:
+            return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+        driver.execute_script(
+            f"Plotly.relayout({box}, {{'xaxis.range[0]': arguments[0], 'xaxis.range[1]': arguments[1]}})",
+            naive(base),
+            naive(base + timedelta(seconds=60)),
+        )
+        wait(driver, f"var m = {box}.dataset.merged; return m && m !== '{before}'")
+        assert len(_segments(driver, box)["completed"]) == len(ids)
+        driver.execute_script(f"Plotly.relayout({box}, {{'xaxis.autorange': true}})")
+        wait(driver, f"return {box}.dataset.merged === '{before}'")
+        assert len(_segments(driver, box)["completed"]) == 2
+        assert errors(driver) == []

@@ -116,6 +116,26 @@ def test_trial_table_sorts_filters_and_pages(client: httpx.Client, study: dict) 
     assert client.get(url, params={"sort": "nope"}).status_code == 422
 
 
+def test_the_contour_thins_its_markers_but_interpolates_over_every_trial(
+    client: httpx.Client, study: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpo.server import charts
+    from hpo.server.analysis import memo
+
+    sid = study["id"]
+    whole = chart(client, sid, "contour", x="learning_rate", y="weight_decay")
+    assert whole["shown"] == whole["n_points"] == len(whole["points"]["ids"]) == 15
+    monkeypatch.setattr(charts, "CONTOUR_POINTS", 6)  # the server runs in this process (a thread)
+    memo.clear()  # the answer above is kept while the study is unchanged
+    thinned = chart(client, sid, "contour", x="learning_rate", y="weight_decay")
+    ids = thinned["points"]["ids"]
+    assert (thinned["shown"], thinned["n_points"], len(ids)) == (6, 15, 6)
+    assert set(thinned["text"]) == {str(i) for i in ids} and set(ids) <= set(whole["points"]["ids"])
+    table = client.get(f"/api/v1/studies/{sid}/table", params={"sort": "objective", "limit": 3}).json()
+    assert {row["id"] for row in table["rows"]} <= set(ids), "the best trials are never thinned away"
+    assert thinned["grid"] == whole["grid"], "the surface is interpolated over every trial, not the markers"
+
+
 def test_notes_are_stored_and_shown(client: httpx.Client, study: dict) -> None:
     sid = study["id"]
     empty = {"body": "", "updated_at": None, "author": None, "html": ""}
