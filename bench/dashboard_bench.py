@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from analysis_bench import build_study  # noqa: E402
 
 from hpo.server.analysis.keeper import keep_all  # noqa: E402
-from hpo.server.charts import page_chart  # noqa: E402
+from hpo.server.charts import first_visit_answer  # noqa: E402
 from hpo.server.db import Database  # noqa: E402
 from hpo.server.kept_charts import StillStudies  # noqa: E402
 
@@ -254,10 +254,10 @@ def main() -> None:
             start = time.perf_counter()
             kept, took = keep_all(db), time.perf_counter() - start
             print(f"curve statistics and sketches of {kept} completed trials kept (analysis.keeper) in {took:.1f} s")
-            # Then, the study being still, its first-screen charts (the keeper's chore, kept_charts).
+            # Then, the study being still, its first-screen charts and analysis (the keeper's chore, kept_charts).
             start = time.perf_counter()
-            still, took = StillStudies(db, page_chart)(), time.perf_counter() - start
-            print(f"first-screen charts of {still} still study kept (kept_charts) in {took:.1f} s")
+            still, took = StillStudies(db, first_visit_answer)(), time.perf_counter() - start
+            print(f"first-screen charts and analysis of {still} still study kept (kept_charts) in {took:.1f} s")
         db.dispose()
         # Two fresh server processes, so both halves measure a first visit: nothing computed yet.
         summary: list[str] = []

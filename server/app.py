@@ -56,9 +56,9 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
         reaper = asyncio.create_task(_reap_forever(db, settings.lease_seconds / 4))
         refiller = Refiller(db, processes=settings.bayesian_processes)  # bayesian proposal queues
         refiller.start()
-        # Completed trials' curve statistics, then still studies' first-screen charts, kept off the
-        # request path.
-        keeper = Keeper(db, after_pass=StillStudies(db, chart_data.page_chart))
+        # Completed trials' curve statistics, then still studies' first-screen charts and analyses,
+        # kept off the request path.
+        keeper = Keeper(db, after_pass=StillStudies(db, chart_data.first_visit_answer))
         keeper.start()
         # The importance chart's scikit-learn (and the pandas it pulls in) take 0.5-1.7 s of CPU to
         # import: done before the server answers, so a study page's first visit neither waits for

@@ -29,7 +29,7 @@ from .analysis.arms import arm_summaries
 from .analysis.divergence import load_trials
 from .analysis.model import TrialSummary, arm_label, fmt
 from .analysis.plotdata import plot_data
-from .analysis.service import horizon_of, json_safe
+from .analysis.service import horizon_of, json_safe, kept_analysis
 from .analysis.space import Dimension, dimensions
 from .db import Database, epoch_seconds
 from .errors import InvalidInput, NotFound
@@ -104,6 +104,14 @@ def chart_json(db: Database, study_id: int, kind: str, options: Mapping[str, Any
 def page_chart(db: Database, study_id: int, kind: str) -> bytes:
     """`chart_json` with the options the study page asks with (the endpoint's defaults)."""
     return chart_json(db, study_id, kind, PAGE_OPTIONS)
+
+
+def first_visit_answer(db: Database, study_id: int, kind: str) -> Any:
+    """What a first visit reads for one of `kept_charts.KEPT`, through the endpoint's own path
+    (which keeps it): the page's chart, or the analysis (the keeper's chore calls this)."""
+    if kind == kept_charts.ANALYSIS:
+        return kept_analysis(db, study_id)
+    return page_chart(db, study_id, kind)
 
 
 def _computed(db: Database, study_id: int, kind: str, options: dict[str, Any]) -> bytes:

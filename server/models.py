@@ -228,10 +228,11 @@ class CurveSketch(Base):
 
 
 class KeptChart(Base):
-    """One study's first-screen chart (`charts.FIRST_SCREEN`) as the chart endpoint answered it,
-    kept for the study version (`analysis.memo.version`) it was computed at, by the code that
-    computed it (`code`: a digest of the server's sources), so a fresh server's first visit reads
-    it instead of judging every trial again (`kept_charts`). Written only while no trial of the
+    """One study's first-screen chart (`kept_charts.FIRST_SCREEN`) as the chart endpoint answered
+    it, or its analysis' checklist (kind `analysis`), kept for the study version
+    (`analysis.memo.version`) it was computed at, by the code that computed it (`code`: a digest of
+    the server's sources), so a fresh server's first visit reads it instead of judging every trial
+    again (`kept_charts`). Written only while no trial of the
     study runs; any other version or code is recomputed. No foreign key, as for metric_points."""
 
     __tablename__ = "kept_charts"

@@ -25,7 +25,7 @@ from hpo.command_template import expand
 from .. import charts, evidence, kept_charts, notes, pipelines, studies, trial_table, trials
 from ..analysis import memo, queries
 from ..analysis.model import arm_label, fmt
-from ..analysis.service import analyze_study, resume_advice
+from ..analysis.service import kept_analysis, resume_advice
 from ..analysis.tracking import tracking_rows
 from ..charts import best_per_arm
 from ..errors import InvalidInput, NotFound
@@ -97,7 +97,8 @@ def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResp
 def study_analysis_sections(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResponse:
     """The study page's warnings and arm comparison, as HTML to insert (see `study_page`)."""
     study = studies.get_study(db, study_id, best=False)
-    analysis = memo.remember(db, study_id, "analysis", lambda: analyze_study(db, study_id))
+    # The API's kept answer (in the database for any server), held 5 s at a time while trials run.
+    analysis = memo.remember(db, study_id, "analysis", lambda: kept_analysis(db, study_id))
     return _page("study_analysis.html", **_analysis_context(db, study, analysis), can_write=can_write(request))
 
 

@@ -3,6 +3,7 @@ Postgres, with a study run through the worker protocol (planted curves, one dive
 
 from __future__ import annotations
 
+import copy
 import math
 
 import httpx
@@ -220,10 +221,10 @@ def test_study_page_shows_the_analysis_comparison_contract(
     renders when present; until the analysis sends them the page shows dashes (tested above)."""
     from hpo.server.api import dashboard
 
-    real = dashboard.analyze_study
+    real = dashboard.kept_analysis
 
     def with_comparison(db: object, study_id: int) -> dict:
-        answer = real(db, study_id)  # type: ignore[arg-type]
+        answer = copy.deepcopy(real(db, study_id))  # type: ignore[arg-type]  # the kept one is shared
         answer["arms"][0].update(rank=1, replica_mean=0.15, replica_std=0.004, replica_ci=[0.141, 0.159], n_replicas=3)
         answer["comparison"] = {
             "best_arm": answer["arms"][0]["arm"],
@@ -236,7 +237,7 @@ def test_study_page_shows_the_analysis_comparison_contract(
         answer["trial_variance"] = {"measured": True, "eval_noise_std": 0.001, "message": "Trial variance: std 0.004."}
         return answer
 
-    monkeypatch.setattr(dashboard, "analyze_study", with_comparison)
+    monkeypatch.setattr(dashboard, "kept_analysis", with_comparison)
     page = client.get(f"/studies/{study['id']}/analysis-sections").text
     assert "are within noise" in page and "95% CI [-0.002, 0.011]" in page and "Welch t interval" in page
     assert "0.15 ± 0.004" in page and "[0.141, 0.159]" in page and "Trial variance: std 0.004." in page

@@ -1,6 +1,7 @@
-"""First-screen charts kept in the database per study version (hpo.server.kept_charts): read back
-by a server that never computed them, never for another version, other code or other options,
-never written while a trial runs, and computed by the keeper's chore once a study is still."""
+"""First-screen charts and the analysis kept in the database per study version
+(hpo.server.kept_charts): read back by a server that never computed them, never for another
+version, other code or other options, never written while a trial runs, and computed by the
+keeper's chore once a study is still."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sqlalchemy import delete, select, update
 from hpo.server import charts
 from hpo.server.analysis import memo
 from hpo.server.db import Database
-from hpo.server.kept_charts import FIRST_SCREEN, StillStudies, code_digest
+from hpo.server.kept_charts import ANALYSIS, FIRST_SCREEN, KEPT, StillStudies, code_digest
 from hpo.server.models import KeptChart
 from tests.analysis.protocol import create, run_pending
 from tests.analysis.test_planted import spec, valley
@@ -102,18 +103,58 @@ def test_the_keepers_chore_keeps_each_still_study_once_per_version(
     client: httpx.Client, database: Database, study: dict[str, Any]
 ) -> None:
     sid = study["id"]
-    chore = StillStudies(database, charts.page_chart, keep_from=1)
+    chore = StillStudies(database, charts.first_visit_answer, keep_from=1)
     with database.transaction() as session:
         session.execute(delete(KeptChart).where(KeptChart.study_id == sid))
     assert chore() == 1
-    assert set(rows(database, sid)) == set(FIRST_SCREEN)
+    assert set(rows(database, sid)) == set(KEPT)
     assert chore() == 0  # kept for this version: nothing to do
+    # A row missing (a restarted server's chore, at the same version): the study is kept again.
+    with database.transaction() as session:
+        session.execute(delete(KeptChart).where(KeptChart.study_id == sid, KeptChart.kind == ANALYSIS))
+    memo.clear()
+    assert StillStudies(database, charts.first_visit_answer, keep_from=1)() == 1
+    assert set(rows(database, sid)) == set(KEPT)
     # Too small for the server's own keeper (KEEP_FROM_TRIALS): it leaves such a study alone.
     with database.transaction() as session:
         session.execute(delete(KeptChart).where(KeptChart.study_id == sid))
-    assert StillStudies(database, charts.page_chart)() == 0 and rows(database, sid) == {}
+    assert StillStudies(database, charts.first_visit_answer)() == 0 and rows(database, sid) == {}
     # A running trial: not still, nothing kept.
     assert client.patch(f"/api/v1/studies/{sid}", json={"num_trials": 7}).status_code == 200
     claim = client.post("/api/v1/workers/claim", json={"worker_id": "w", "resources": {"cpus": 64, "gpus": 8}})
     assert claim.status_code == 200
     assert chore() == 0 and rows(database, sid) == {}
+
+
+def test_a_still_studys_analysis_is_kept_and_read_back_by_the_api_and_the_page(
+    client: httpx.Client, database: Database, study: dict[str, Any]
+) -> None:
+    sid = study["id"]
+    answer = client.get(f"/api/v1/studies/{sid}/analysis").json()
+    kept = rows(database, sid)[ANALYSIS]
+    assert json.loads(kept.body) == {k: v for k, v in answer.items() if k != "bayesian"}
+    assert kept.code == code_digest() and kept.version.split("\x1f")[:2] == ["6", "0"]
+
+    # A server that never computed it reads the row: the API and the study page's sections.
+    warning = {"kind": "planted", "message": "kept row", "param": None, "side": None, "trial_id": None}
+    planted = {**json.loads(kept.body), "warnings": [warning]}
+    set_row(database, sid, ANALYSIS, body=json.dumps(planted).encode())
+    memo.clear()
+    assert client.get(f"/api/v1/studies/{sid}/analysis").json()["warnings"] == planted["warnings"]
+    memo.clear()
+    assert "kept row" in client.get(f"/studies/{sid}/analysis-sections").text
+
+    # The study changes: the row's version no longer holds, the analysis is computed and kept again.
+    assert client.patch(f"/api/v1/studies/{sid}", json={"num_trials": 7}).status_code == 200
+    fresh = client.get(f"/api/v1/studies/{sid}/analysis").json()
+    assert fresh["warnings"] != planted["warnings"] and fresh["arms"][0]["n_trials"] == 7
+    assert rows(database, sid)[ANALYSIS].version.split("\x1f")[:2] == ["7", "0"]
+
+    # While a trial runs it is computed every time and nothing is written.
+    claim = client.post("/api/v1/workers/claim", json={"worker_id": "w", "resources": {"cpus": 64, "gpus": 8}})
+    assert claim.status_code == 200
+    set_row(database, sid, ANALYSIS, body=json.dumps(planted).encode())
+    memo.clear()
+    running = client.get(f"/api/v1/studies/{sid}/analysis").json()
+    assert running["warnings"] != planted["warnings"]
+    assert json.loads(rows(database, sid)[ANALYSIS].body) == planted
