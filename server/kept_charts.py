@@ -139,7 +139,7 @@ class StillStudies:
     (`charts.first_visit_answer`), which keeps them."""
 
     def __init__(
-        self, db: Database, answer: Callable[[Database, int, str], bytes], *, keep_from: int = KEEP_FROM_TRIALS
+        self, db: Database, answer: Callable[[Database, int, str], object], *, keep_from: int = KEEP_FROM_TRIALS
     ) -> None:
         self.db = db
         self.answer = answer
