@@ -30,6 +30,7 @@ import base64
 import dataclasses
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -55,6 +56,7 @@ GRANTS: dict[str, frozenset[str]] = {
 TOKEN_PREFIX = "hpo_"
 TRIAL_TOKEN_PREFIX = "hpot."
 SESSION_SECONDS = 12 * 3600
+_TRIAL_TOKEN = re.compile(r"hpot\.([0-9]{1,10})\.([A-Za-z0-9_-]{1,100})\.([A-Za-z0-9_-]{1,100})")
 
 
 def new_token() -> str:
@@ -241,10 +243,13 @@ class Authenticator:
         return f"{TRIAL_TOKEN_PREFIX}{trial_id}.{lease_id}.{self._mac(f'trial:{trial_id}:{lease_id}')}"
 
     def _trial_principal(self, token: str) -> Principal | None:
-        parts = token[len(TRIAL_TOKEN_PREFIX) :].split(".")
-        if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 10:
+        # A header is decoded as latin-1, so any byte may be here: `"²".isdigit()` is true but
+        # `int("²")` fails, and `compare_digest` refuses non-ASCII text. Anything but the shape
+        # `hpot.<digits>.<lease>.<mac>` in printable ASCII is simply not a token (401).
+        match = _TRIAL_TOKEN.fullmatch(token)
+        if match is None:
             return None
-        trial_id, lease_id, mac = parts
+        trial_id, lease_id, mac = match.groups()
         if not hmac.compare_digest(mac, self._mac(f"trial:{int(trial_id)}:{lease_id}")):
             return None
         return Principal("trial", trial_id=int(trial_id), lease_id=lease_id)

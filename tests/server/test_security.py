@@ -149,6 +149,41 @@ def test_a_trial_token_posts_only_its_own_trials_results(secured: tuple[LiveServ
         assert forged_post.status_code == 401
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_malformed_trial_token_is_a_401_never_a_server_error(secured: tuple[LiveServer, dict[str, str]]) -> None:
+    live, _ = secured
+    # Raw header bytes, as a hostile client sends them: latin-1 decodes each to one character, and
+    # some of those (b"\xb2", superscript two) pass str.isdigit() but not int().
+    malformed = [
+        b"hpot.\xb2.a.b",
+        b"hpot.\xb9\xb2.lease.mac",
+        b"hpot.1.\xff\xfe.mac",
+        b"hpot.1.lease.\xe9\xe9",
+        b"hpot.x.lease.mac",
+        b"hpot.-1.lease.mac",
+        b"hpot.1..mac",
+        b"hpot...",
+        b"hpot.",
+        b"hpot.1.a.b.c.d",
+        b"hpot.12345678901.lease.mac",
+        b"hpot.1 .lease.mac",
+        b"hpot.\xd9\xa1.lease.mac",  # U+0661 ARABIC-INDIC DIGIT ONE in UTF-8
+    ]
+    with httpx.Client(base_url=live.url, timeout=30) as http:
+        for token in malformed:
+            for method, path in (("GET", f"{API}/studies"), ("POST", f"{API}/trials/1/metrics")):
+                answer = http.request(method, path, headers=[(b"Authorization", b"Bearer " + token)], json={})
+                assert answer.status_code == 401, (token, method, answer.status_code, answer.text[:300])
+                assert "Traceback" not in answer.text and len(answer.text) < 500
+            # The sign-in form takes the token from a body: a 401 there too, no session.
+            signin = http.post("/signin", content=b"token=" + token.replace(b" ", b"+"), headers=_FORM)
+            assert signin.status_code in (401, 422), (token, signin.status_code)
+            assert "hpo_session" not in signin.headers.get("set-cookie", "")
+
+
+_FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
 def test_a_revoked_token_stops_working(settings: Settings) -> None:
     db = Database(settings.database_url)
     db.upgrade()
