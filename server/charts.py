@@ -13,6 +13,7 @@ import heapq
 import json
 import logging
 import math
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -132,11 +133,40 @@ def _load(db: Database, study_id: int, kind: str, options: dict[str, Any]) -> di
 
 
 def dumps(value: Any) -> bytes:
-    """Compact JSON; non-finite floats become null (the slow walk only when there is one)."""
+    """Compact JSON; non-finite floats become null (the slow walk only when there is one). Markup
+    in any text is neutralised (`plain_json`)."""
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"), default=_plain).encode()
+        body = json.dumps(value, allow_nan=False, separators=(",", ":"), default=_plain).encode()
     except ValueError:
-        return json.dumps(json_safe(value), separators=(",", ":"), default=_plain).encode()
+        body = json.dumps(json_safe(value), separators=(",", ":"), default=_plain).encode()
+    return plain_json(body)
+
+
+# Plotly draws `<a href=...>` in any text it is given (hover, legend, tick labels, titles) as a
+# link, and `<span style=...>` as styled text. Chart text comes from specs and from trial code (a
+# metric's name is any text a trial posts), so in every chart answer a `<` that opens a tag, but
+# the hover's own `<br>`, becomes U+2039 `‹`, which Plotly shows as text (docs/security.md, "The
+# dashboard"). In JSON a `<` occurs only inside strings, so one scan of the bytes finds them all.
+_MARKUP = re.compile(rb"<(?=/?[A-Za-z])(?!br>)")
+_MARKUP_TEXT = re.compile(r"<(?=/?[A-Za-z])(?!br>)")
+LOOKALIKE = "\u2039"
+
+
+def plain_json(body: bytes) -> bytes:
+    """JSON bytes with every tag-opening `<` in its strings but `<br>` written as `‹` (an escape)."""
+    return _MARKUP.sub(rb"\\u2039", body) if b"<" in body else body
+
+
+def plain_text(value: Any) -> Any:
+    """`value` (text, or lists and dicts holding text) as Plotly must draw it: never a link or styled
+    markup (`plain_json` for an answer not yet in JSON)."""
+    if isinstance(value, str):
+        return _MARKUP_TEXT.sub(LOOKALIKE, value) if "<" in value else value
+    if isinstance(value, dict):
+        return {plain_text(k): plain_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_text(v) for v in value]
+    return value
 
 
 def _plain(value: Any) -> Any:
@@ -1025,17 +1055,19 @@ def trial_curves(db: Database, trial_id: int, points: int = 400) -> dict[str, An
         # The names the analysis reads that this trial never reported, in words (once it reported any).
         missing = [missing_metric(aliases, n) for n in CHECKED_METRICS if metric_name(aliases, n) not in names]
         missing = missing if names else []
-        return json_safe(
-            {
-                "trial_id": trial_id,
-                "status": row.status.value,
-                "objective": study.metric,
-                "best_step": row.best_step,
-                "grad_clip_norm": clip if _positive(clip) else None,
-                "grad_norm_metric": metric_name(aliases, "train/grad_norm"),
-                "metrics": metrics,
-                "missing": missing,
-            }
+        return plain_text(
+            json_safe(
+                {
+                    "trial_id": trial_id,
+                    "status": row.status.value,
+                    "objective": study.metric,
+                    "best_step": row.best_step,
+                    "grad_clip_norm": clip if _positive(clip) else None,
+                    "grad_norm_metric": metric_name(aliases, "train/grad_norm"),
+                    "metrics": metrics,
+                    "missing": missing,
+                }
+            )
         )
 
 

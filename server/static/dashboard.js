@@ -68,8 +68,33 @@
     return fullPlotly;
   }
 
+  // Plotly draws `<a href=...>` in any text it is given (hover, legend, ticks, titles) as a link,
+  // and `<span style=...>` as styled text. Chart text comes from specs and from trial code (a
+  // metric's name is any text a trial posts), and pages join it with their own, so before every
+  // draw each `<` that opens a tag, but the pages' own `<br>` and `<extra>`, becomes "‹", which
+  // Plotly shows as text (the server does the same to its chart answers; docs/security.md, "The
+  // dashboard"). In place: strings are replaced only where they hold markup.
+  var MARKUP = /<(?=\/?[A-Za-z])(?!br>|\/?extra>)/g;
+  function plainText(value, depth) {
+    if (typeof value === "string") return value.indexOf("<") < 0 ? value : value.replace(MARKUP, "\u2039");
+    if (!value || typeof value !== "object" || depth > 10 || ArrayBuffer.isView(value)) return value;
+    var keys = Array.isArray(value) ? null : Object.keys(value);
+    var n = keys ? keys.length : value.length;
+    for (var i = 0; i < n; i++) {
+      var k = keys ? keys[i] : i, v = value[k];
+      if (v && (typeof v === "string" || typeof v === "object")) {
+        var plain = plainText(v, depth + 1);
+        if (plain !== v) value[k] = plain;
+      }
+    }
+    return value;
+  }
+  hpo.plainText = plainText;
+
   // Plotly.react through the bundle the traces need; answers the Plotly that drew.
   hpo.plot = function (el, traces, layout, config) {
+    plainText(traces, 0);
+    plainText(layout, 0);
     return plotlyFor(traces).then(function (P) {
       if (el._hpoPlotly && el._hpoPlotly !== P) {
         el._hpoPlotly.purge(el);

@@ -4,17 +4,23 @@ Postgres, with a study run through the worker protocol (planted curves, one dive
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import math
+import re
 
 import httpx
 import numpy as np
 import pytest
 
+from hpo.policy import ExecutionPolicy
 from hpo.server.analysis.model import Curve
-from hpo.server.charts import eta_seconds, robust_range
+from hpo.server.charts import CHART_KINDS, eta_seconds, robust_range
 from hpo.server.trial_table import parse_param_filters
+from hpo.settings import Settings
 from tests.analysis.protocol import Outcome, analysis, create, run_pending
 from tests.analysis.test_planted import spec, valley
+from tests.conftest import LiveServer
 
 ARMS = [{"name": "optimizer", "role": "scientific", "type": "categorical", "values": ["sgd", "adam"]}]
 
@@ -257,3 +263,56 @@ def test_cached_answers_follow_every_change(client: httpx.Client) -> None:
     assert chart(client, sid, "history")["n_feasible"] == 2
     assert client.patch(f"/api/v1/studies/{sid}", json={"num_trials": 5}).status_code == 200
     assert client.get(table).json()["total"] == 5 and chart(client, sid, "history")["n_trials"] == 5
+
+
+EVIL = '<a href="https://evil.example">x</a>'
+EVIL_METRIC = '<A HREF="https://evil.example/m">m</A>'
+
+
+def test_chart_text_from_specs_and_trials_is_never_markup(settings: Settings) -> None:
+    # A categorical value (so an arm's label, a tick, a legend entry and hover text) and a metric
+    # name a trial posts (curves, the trial page) that Plotly would draw as a link. A command
+    # study: its hyperparameters' names and values are the script's, not a workload's.
+    policy = ExecutionPolicy(command_prefixes=(("python", "train.py"),))
+    with (
+        LiveServer(dataclasses.replace(settings, execution_policy=policy)) as live,
+        httpx.Client(base_url=live.url, timeout=30) as client,
+    ):
+        _never_markup(client)
+
+
+def _never_markup(client: httpx.Client) -> None:
+    arms = [{"name": "variant", "role": "scientific", "type": "categorical", "values": ["plain", EVIL]}]
+    study = spec("markup", num_trials=6, scientific=arms)
+    study["trainer"] = {"command": ["python", "train.py"], "max_train_steps": 2000}
+    created = create(client, study)
+
+    def plant(config: dict) -> Outcome:
+        outcome = valley(1.4)(config)
+        outcome.curves[EVIL_METRIC] = outcome.curves["train/loss"]
+        return outcome
+
+    run_pending(client, plant)
+    sid = created["id"]
+    options: dict[str, dict[str, str]] = {"curves": {"metric": EVIL_METRIC}}
+    answers = []
+    for kind in CHART_KINDS:
+        reply = client.get(f"/api/v1/studies/{sid}/charts/{kind}", params=options.get(kind, {}))
+        assert reply.status_code == 200, (kind, reply.text[:300])
+        answers.append((kind, reply.text))
+    trial = client.get(f"/api/v1/studies/{sid}/table").json()["rows"][0]["id"]
+    curves = client.get(f"/api/v1/trials/{trial}/curves")
+    assert curves.status_code == 200
+    answers.append(("trial curves", curves.text))
+    for kind, text in answers:
+        assert not re.search(r"<\s*/?\s*a[\s>]", text, re.IGNORECASE), (kind, text[:500])
+        assert "<span" not in text.lower(), kind
+    # The text is still there, drawn as text (U+2039 for each `<`); the hover's own breaks are kept.
+    history = json.loads(dict(answers)["history"])
+    assert any("\u2039a href=" in s["name"] for s in history["series"]), history["series"]
+    assert all("<br>" in text for text in history["text"].values())
+    names = [m["name"] for m in curves.json()["metrics"]]
+    assert '\u2039A HREF="https://evil.example/m">m\u2039/A>' in names, names
+    # What the spec and the trial stored is not changed: only what charts draw.
+    stored = client.get(f"/api/v1/studies/{sid}").json()["spec"]["hyperparameters"][0]["values"]
+    assert stored == ["plain", EVIL]
