@@ -23,7 +23,7 @@ from .api.auth import Auth
 from .api.hostile import HostileInput
 from .api.hotpath import HotPath
 from .api.html_errors import HtmlErrors
-from .api.middleware import BodyLimit
+from .api.middleware import BodyLimit, PagePolicy
 from .auth import Authenticator
 from .bayesian.queue import Refiller
 from .config import ServerSettings
@@ -96,13 +96,14 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
     routers = (health, studies, trials, workers, analysis, charts, pipelines, dashboard, signin)
     for module in routers:
         app.include_router(module.router)
-    # Outermost last: HTML error pages for browsers, the size limit, then credentials, then the
-    # hostile-input check of bodies, then the direct path of claims and heartbeats.
+    # Outermost last: the pages' content policy, HTML error pages for browsers, the size limit, then
+    # credentials, then the hostile-input check of bodies, then the direct path of claims and heartbeats.
     app.add_middleware(HotPath, adb=adb)
     app.add_middleware(HostileInput, body_seconds=server.body_seconds)
     app.add_middleware(Auth, authenticator=authenticator, max_unauthenticated=server.max_unauthenticated)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HtmlErrors)
+    app.add_middleware(PagePolicy)
     return app
 
 

@@ -3,10 +3,16 @@ replaced whole on each save. Stored in `notes` with `trial_id` 0 for the study i
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from markdown_it import MarkdownIt
+from markdown_it.common.utils import escapeHtml
+from markdown_it.renderer import RendererHTML
+from markdown_it.token import Token
+from markdown_it.utils import EnvType, OptionsDict
 from sqlalchemy import select
 
 from .db import Database
@@ -19,6 +25,35 @@ STUDY_NOTE = 0
 # note is shown as text, never run; markdown-it's link check refuses javascript:, vbscript:, file:
 # and non-image data: URLs.
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+# Images load only from the dashboard's own origin (a path, `/static/x.png` or `x.png`) or a data:
+# image: a remote one would tell its host who read the note, and when. Any other image is shown as
+# a link to it, named by its alt text (plain text inside a link, where an <a> cannot nest). The
+# pages' Content-Security-Policy (img-src 'self' data: blob:) holds the same line in the browser
+# (docs/security.md, "The dashboard").
+_DATA_IMAGE = re.compile(r"data:image/(?:gif|png|jpeg|webp);", re.IGNORECASE)
+_PATH = re.compile(r"(?![/\\]{2})[^\x00-\x20\x7f\\:]*(?:[/?#][^\x00-\x20\x7f\\]*)?")
+
+
+def same_origin_image(src: str) -> bool:
+    """Whether an image's URL loads from the page's own origin (a path with no scheme or host, which
+    a browser cannot read as one either: no `//`, no backslash, no space or control character) or is
+    a data: image."""
+    return bool(_DATA_IMAGE.match(src) or _PATH.fullmatch(src))
+
+
+def _image(self: RendererHTML, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType) -> str:
+    token = tokens[idx]
+    src = str(token.attrGet("src") or "")
+    if same_origin_image(src):
+        return self.image(tokens, idx, options, env)
+    alt = escapeHtml(self.renderInlineAsText(token.children or [], options, env) or src)
+    depth = sum(t.nesting for t in tokens[:idx] if t.type in ("link_open", "link_close"))
+    if depth > 0:  # already inside a link
+        return alt
+    return f'<a href="{escapeHtml(src)}" rel="nofollow noopener noreferrer">{alt}</a>'
+
+
+_MARKDOWN.add_render_rule("image", _image)
 
 
 def render(body: str | None) -> str:

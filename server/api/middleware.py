@@ -1,4 +1,5 @@
-"""ASGI middleware: the request size limit (credentials: `auth.py`; hostile bodies: `hostile.py`)."""
+"""ASGI middleware: the request size limit and the pages' content policy (credentials: `auth.py`;
+hostile bodies: `hostile.py`)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,32 @@ class BodyLimit:
 
 class _TooLarge(HTTPException):
     pass
+
+
+# Images on a page load only from the dashboard itself, or from data: and blob: URLs its own script
+# makes (Plotly's PNG download draws through one): a note's Markdown may name any URL, and a remote
+# image would tell its host who read the note, and when (docs/security.md, "The dashboard").
+PAGE_POLICY = b"img-src 'self' data: blob:"
+
+
+class PagePolicy:
+    """Adds `Content-Security-Policy: img-src ...` to every HTML answer (pages, error pages)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith("/api/"):  # the API answers no pages
+            await self.app(scope, receive, send)
+            return
+
+        async def with_policy(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                found = {bytes(k).lower(): bytes(v) for k, v in headers}
+                html = found.get(b"content-type", b"").startswith(b"text/html")
+                if html and b"content-security-policy" not in found:
+                    message = {**message, "headers": [*headers, (b"content-security-policy", PAGE_POLICY)]}
+            await send(message)
+
+        await self.app(scope, receive, with_policy)

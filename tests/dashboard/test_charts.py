@@ -159,6 +159,33 @@ def test_notes_are_stored_and_shown(client: httpx.Client, study: dict) -> None:
     assert client.put("/api/v1/trials/999999/note", json={"body": "x"}).status_code == 404
 
 
+def test_note_images_load_only_from_the_dashboard(client: httpx.Client, study: dict) -> None:
+    sid = study["id"]
+    body = (
+        "![tracker](https://tracker.example/pixel.png?who=me) ![ours](/static/logo.png) ![x](//evil.example/a.png)\n\n"
+        "[![nested](http://tracker.example/b.png)](https://example.org/) ![dot](data:image/png;base64,AAAA)"
+    )
+    saved = client.put(f"/api/v1/studies/{sid}/note", json={"body": body})
+    assert saved.status_code == 200, saved.text
+    preview = client.post("/api/v1/notes/preview", json={"body": body})
+    page = client.get(f"/studies/{sid}", headers={"Accept": "text/html"})
+    for html in (saved.json()["html"], preview.json()["html"], page.text):
+        images = re.findall(r"<img [^>]*>", html)
+        sources = [src for i in images for src in re.findall(r'src="([^"]*)"', i)]
+        assert sources == ["/static/logo.png", "data:image/png;base64,AAAA"], images
+        # A remote image is a link named by its alt text, never loaded; inside a link, its alt text.
+        assert (
+            '<a href="https://tracker.example/pixel.png?who=me" rel="nofollow noopener noreferrer">tracker</a>' in html
+        )
+        assert '<a href="//evil.example/a.png" rel="nofollow noopener noreferrer">x</a>' in html
+        assert '<a href="https://example.org/">nested</a>' in html
+    # And the browser holds the same line: every page says images come from the dashboard only.
+    for response in (page, client.get("/signin"), client.get("/studies/999999", headers={"Accept": "text/html"})):
+        assert response.headers["content-type"].startswith("text/html")
+        assert response.headers["content-security-policy"] == "img-src 'self' data: blob:", response.url
+    assert "content-security-policy" not in client.get(f"/api/v1/studies/{sid}/note").headers
+
+
 def test_trial_page_compare_page_and_trial_curves(client: httpx.Client, study: dict) -> None:
     sid = study["id"]
     best = analysis(client, sid)["arms"][0]["best_trial_id"]
