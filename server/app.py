@@ -100,7 +100,12 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
     # credentials, then the hostile-input check of bodies, then the direct path of claims and heartbeats.
     app.add_middleware(HotPath, adb=adb)
     app.add_middleware(HostileInput, body_seconds=server.body_seconds)
-    app.add_middleware(Auth, authenticator=authenticator, max_unauthenticated=server.max_unauthenticated)
+    app.add_middleware(
+        Auth,
+        authenticator=authenticator,
+        max_unauthenticated=server.max_unauthenticated,
+        max_uploads_per_token=server.max_uploads_per_token,
+    )
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HtmlErrors)
     app.add_middleware(PagePolicy)

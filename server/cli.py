@@ -98,6 +98,11 @@ def _serve(args: argparse.Namespace) -> int:
             f"HPO_MAX_UNAUTHENTICATED ({server.max_unauthenticated}) must be below --limit-concurrency "
             f"({args.limit_concurrency}), or unauthenticated requests could take every slot"
         )
+    if server.max_uploads_per_token >= args.limit_concurrency:
+        raise CliError(
+            f"HPO_MAX_UPLOADS_PER_TOKEN ({server.max_uploads_per_token}) must be below --limit-concurrency "
+            f"({args.limit_concurrency}), or one token's slow uploads could take every slot"
+        )
     _check_token_strength(args.host, settings.api_token)
     _check_port(args.host, args.port)
     _signing_key_once(settings, server)

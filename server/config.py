@@ -25,6 +25,9 @@ class ServerSettings:
     # Requests without a valid credential in progress at once, per server process, once tokens
     # exist (sign-in page and form, sign-out, static files); more answer 503 at once.
     max_unauthenticated: int = 32
+    # Uploads in flight (requests whose body is still arriving) per token, per server process;
+    # more of that token's answer 503 at once, other tokens' requests are served.
+    max_uploads_per_token: int = 64
     # Metric points one trial may hold; a batch that would pass it is refused whole (413).
     max_points_per_trial: int = 5_000_000
     # The signing key's file when HPO_SESSION_SECRET is unset; None: `default_secret_file()`.
@@ -33,7 +36,8 @@ class ServerSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
         """Reads `HPO_HEADER_SECONDS`, `HPO_BODY_SECONDS`, `HPO_MAX_UNAUTHENTICATED`,
-        `HPO_MAX_POINTS_PER_TRIAL` and `HPO_SESSION_SECRET_FILE`; fails fast naming the variable."""
+        `HPO_MAX_UPLOADS_PER_TOKEN`, `HPO_MAX_POINTS_PER_TRIAL` and `HPO_SESSION_SECRET_FILE`; fails
+        fast naming the variable."""
         env = os.environ if environ is None else environ
         defaults = cls()
         secret_file = env.get("HPO_SESSION_SECRET_FILE") or None
@@ -41,6 +45,7 @@ class ServerSettings:
             header_seconds=_number(env, "HPO_HEADER_SECONDS", defaults.header_seconds),
             body_seconds=_number(env, "HPO_BODY_SECONDS", defaults.body_seconds),
             max_unauthenticated=_integer(env, "HPO_MAX_UNAUTHENTICATED", defaults.max_unauthenticated),
+            max_uploads_per_token=_integer(env, "HPO_MAX_UPLOADS_PER_TOKEN", defaults.max_uploads_per_token),
             max_points_per_trial=_integer(env, "HPO_MAX_POINTS_PER_TRIAL", defaults.max_points_per_trial),
             session_secret_file=Path(secret_file).expanduser() if secret_file else None,
         )
@@ -53,6 +58,10 @@ class ServerSettings:
                 raise SettingsError(f"{name} must be between 0.1 and 3600 seconds, got {value:g}")
         if not 1 <= self.max_unauthenticated <= 100_000:
             raise SettingsError(f"HPO_MAX_UNAUTHENTICATED must be between 1 and 100000, got {self.max_unauthenticated}")
+        if not 1 <= self.max_uploads_per_token <= 100_000:
+            raise SettingsError(
+                f"HPO_MAX_UPLOADS_PER_TOKEN must be between 1 and 100000, got {self.max_uploads_per_token}"
+            )
         if not 1 <= self.max_points_per_trial <= 2**31 - 1:
             raise SettingsError(
                 f"HPO_MAX_POINTS_PER_TRIAL must be between 1 and 2147483647, got {self.max_points_per_trial}"

@@ -12,6 +12,11 @@ holding the server (docs/security.md, "Slow clients"). `hpo server` passes this 
 - Answered early: a connection whose answer went out before its request body had arrived gets
   `LINGER_SECONDS` to finish sending it (so a client that sent a whole body still reads the answer
   rather than a reset), then it is closed.
+- Small bodies first: a request declaring a body of at most `SMALL_BODY` bytes starts (its app
+  task is made) only once the body is whole, so until then it holds a connection but no request
+  slot; at the body deadline it is answered 408 here and closed. Larger and chunked bodies start
+  at once, and the scope's extension `hpo.body_arrived` tells the app whether the body is whole
+  yet: the app counts those still arriving (`hpo.server.api.uploads`).
 - `--limit-concurrency` counts requests in progress, not open connections, and never refuses
   `GET /healthz` or `/readyz`. Every connection is bounded in time by the deadlines above, but a
   crowd of them must not make the health checks, or the authenticated calls that the app admits
@@ -27,9 +32,14 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from .api.uploads import BODY_ARRIVED
 from .lograte import Tally
 
 HEADER_SECONDS = 10.0
+# A declared body up to this size is received whole before its request starts (a sign-in form, a
+# claim, most metrics batches): while it arrives it holds a connection, as headers do, but no
+# request slot, so slow senders of small bodies count in no cap at all. uvicorn's own buffer.
+SMALL_BODY = 65536
 BODY_SECONDS = 30.0
 BODY_GRACE = 1.0
 LINGER_SECONDS = 2.0
@@ -48,6 +58,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
     _body_complete = True
+    _fresh = False  # inside on_headers_complete: a request starting now, not one pipelined earlier
+    _waiting: tuple[Any, Any] | None = None  # (cycle, app) of a request waiting for its small body
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -69,17 +81,42 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if limit is not None and len(self.tasks) >= limit and not self._health_check():
             self.app = _busy
         self.limit_concurrency = None
+        self._fresh = True
         try:
             super().on_headers_complete()
         finally:
-            self.limit_concurrency, self.app = limit, app
-        if type(self.cycle) is RequestResponseCycle:  # its task has not started yet
-            self.cycle.__class__ = OneWriteCycle
+            self.limit_concurrency, self.app, self._fresh = limit, app, False
+        cycle = self.cycle
+        if type(cycle) is RequestResponseCycle:  # its task has not started yet
+            cycle.__class__ = OneWriteCycle
+        if cycle is not None and cycle.scope is self.scope:
+            # Whether this request's whole body is in: the app counts uploads still arriving
+            # (`hpo.server.api.uploads`), never one that came with its headers.
+            extensions: Any = self.scope.setdefault("extensions", {})
+            extensions[BODY_ARRIVED] = lambda: not cycle.more_body
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if self._fresh and self._small_body_to_come():
+            self._waiting = (cycle, app)  # started by on_message_complete, or answered 408 by the deadline
+            return
+        super()._start_asgi_task(cycle, app)
+
+    def _small_body_to_come(self) -> bool:
+        """A declared body of at most SMALL_BODY bytes, not sent on a 100-continue."""
+        if self.expect_100_continue:
+            return False
+        for name, value in self.headers:
+            if name == b"content-length":
+                return value.isdigit() and 0 < int(value) <= SMALL_BODY
+        return False
 
     def on_message_complete(self) -> None:
         self._body_complete = True
         self._cancel_body_timer()
         super().on_message_complete()
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            super()._start_asgi_task(*waiting)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -90,6 +127,9 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         self._cancel_body_timer()
+        if self._waiting is not None:
+            self._waiting = None
+            _log.warning("%s: the client went away before its request body came; never started", self._who())
         super().connection_lost(exc)
 
     def _health_check(self) -> bool:
@@ -112,8 +152,21 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def _too_slow(self) -> None:
         self._header_timer = self._body_timer = None
+        if self._waiting is not None and not self.transport.is_closing():
+            # A small body that never came whole: the app never saw the request, so answer here.
+            self._waiting = None
+            _log.warning("%s: request body not received within %g s; 408", self._who(), BODY_SECONDS)
+            body = json.dumps({"detail": f"request body not received within {BODY_SECONDS:g} s"}).encode()
+            head = f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            self.transport.write(head.encode() + b"connection: close\r\n\r\n" + body)
         if not self.transport.is_closing():
             self.transport.close()
+
+    def _who(self) -> str:
+        method = self.scope.get("method", "?")
+        path = repr(self.scope.get("path", "?"))[1:-1]  # a path may hold a newline: one line stays one
+        client = self.scope.get("client")
+        return f"{method} {path} from {client[0] if client else 'unknown'}"
 
 
 class OneWriteCycle(RequestResponseCycle):

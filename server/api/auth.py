@@ -10,7 +10,11 @@ role may not. Writes authenticated by the session cookie must also echo the page
 Unauthenticated requests that the server does serve once tokens exist (the sign-in page and form,
 sign-out, static files) are capped at `max_unauthenticated` in progress per server process; more
 answer 503 at once. So a crowd of anonymous clients, slow ones included, holds a bounded share of
-the server and never the slots authenticated calls need. The health checks pass ahead of
+the server and never the slots authenticated calls need. Of that cap, uploads still arriving may
+hold all but a quarter (`hpo.server.api.uploads`): the rest is kept for requests that have their
+body, so a crowd of slow anonymous uploads never keeps a person from signing in. Each token may
+have `max_uploads_per_token` uploads in flight; past it, that token's slow uploads answer 503 and
+every other request (its own that come whole included) is served. The health checks pass ahead of
 everything, with no credential and no cap."""
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..auth import Authenticator, Principal
 from ..errors import StorageError
 from ..lograte import Tally
 from .errors import error_response
+from .uploads import Uploads
 
 SESSION_COOKIE = "hpo_session"
 CSRF_COOKIE = "hpo_csrf"
@@ -67,10 +72,22 @@ def allows(principal: Principal, method: str, path: str, permission: str) -> boo
 class Auth:
     """Pure ASGI (no request object is built for the common, cached case)."""
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator, max_unauthenticated: int = 32) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticator: Authenticator,
+        max_unauthenticated: int = 32,
+        max_uploads_per_token: int = 64,
+    ) -> None:
         self.app, self.auth = app, authenticator
         self.max_unauthenticated, self.unauthenticated = max_unauthenticated, 0
         self._refused = Tally(_log, f"refused %d unauthenticated requests over {max_unauthenticated} in progress")
+        # A quarter of the anonymous cap (at least one) is kept for requests that have their body:
+        # uploads still arriving may take the rest.
+        self.anonymous_uploads = Uploads(max(0, max_unauthenticated - max(1, max_unauthenticated // 4)))
+        self.token_uploads = Uploads(max_uploads_per_token)
+        over = f"over its {max_uploads_per_token} in flight (HPO_MAX_UPLOADS_PER_TOKEN)"
+        self._refused_uploads = Tally(_log, f"refused %d uploads of a token {over}")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in HEALTH_PATHS:
@@ -104,7 +121,21 @@ class Auth:
             await _reply(send, 403, f"a write from a signed-in page needs its CSRF token ({CSRF_HEADER} header)")
             return
         scope.setdefault("state", {})["principal"] = principal
-        await self.app(scope, receive, send)
+        # Every trial token shares one count: a worker token can claim many trials, each with a token.
+        key = principal.token_hash or principal.role
+        admitted = self.token_uploads.admit(key, scope, receive)
+        if admitted is None:
+            self._refused_uploads.count()
+            busy = (
+                f"this token has {self.token_uploads.limit} uploads in progress (HPO_MAX_UPLOADS_PER_TOKEN); "
+                "retry shortly"
+            )
+            await _reply(send, 503, busy, [(b"retry-after", b"1"), (b"connection", b"close")])
+            return
+        try:
+            await self.app(scope, admitted.receive, send)
+        finally:
+            admitted.release()
 
     async def _unauthenticated_call(self, scope: Scope, receive: Receive, send: Send) -> None:
         """An open path without a valid credential: served while fewer than the cap are."""
@@ -115,7 +146,16 @@ class Auth:
             return
         self.unauthenticated += 1  # one event loop per process: no await between check and count
         try:
-            await self.app(scope, receive, send)
+            admitted = self.anonymous_uploads.admit("", scope, receive)
+            if admitted is None:  # uploads still arriving hold their share: this one is refused
+                self._refused.count()
+                busy = "too many unauthenticated uploads in progress; retry shortly"
+                await _reply(send, 503, busy, [(b"retry-after", b"1"), (b"connection", b"close")])
+                return
+            try:
+                await self.app(scope, admitted.receive, send)
+            finally:
+                admitted.release()
         finally:
             self.unauthenticated -= 1
 
