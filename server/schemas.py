@@ -43,7 +43,7 @@ class TrialCounts(_Public):
     cancelled: int = 0
 
 
-class StudyPublic(_Public):
+class _StudyView(_Public):
     id: int
     name: str
     description: str
@@ -53,7 +53,6 @@ class StudyPublic(_Public):
     seed: int
     num_trials: int
     objective: dict[str, str]
-    spec: dict[str, Any]
     trial_counts: TrialCounts
     best_trial_id: int | None
     best_value: float | None
@@ -61,6 +60,19 @@ class StudyPublic(_Public):
     # Why the study is paused (it paused itself after failures, naming the last one; or a person
     # paused it); None otherwise.
     status_reason: str | None = None
+
+
+class StudyPublic(_StudyView):
+    spec: dict[str, Any]
+
+
+class StudyListItem(_StudyView):
+    """A study in a list: its spec inline only up to `studies.LIST_SPEC_BYTES` of JSON, else null
+    with `spec_truncated` (the whole spec is at GET /api/v1/studies/{id}; docs/api.md)."""
+
+    spec: dict[str, Any] | None
+    spec_bytes: int
+    spec_truncated: bool = False
 
 
 class StudyCreated(StudyPublic):

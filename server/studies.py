@@ -10,8 +10,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Select, func, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import LargeBinary, Select, Text, cast, func, insert, select
+from sqlalchemy.orm import Session, defer
 
 from hpo.policy import ExecutionPolicy
 
@@ -20,7 +20,16 @@ from .bayesian.start import bayesian_start
 from .db import Database
 from .errors import AlreadyExists, InvalidInput, NotFound
 from .models import Study, StudyStatus, Trial, TrialStatus
-from .schemas import ManualTrialIn, Page, StudyCreated, StudyPatch, StudyPublic, TrialCounts, Warning
+from .schemas import (
+    ManualTrialIn,
+    Page,
+    StudyCreated,
+    StudyListItem,
+    StudyPatch,
+    StudyPublic,
+    TrialCounts,
+    Warning,
+)
 from .spec import StudySpec, arm_count, parse_spec
 
 MAX_TRIALS_PER_STUDY = 100_000
@@ -101,19 +110,47 @@ def trial_ids(session: Session, study_id: int) -> list[int]:
     return list(session.scalars(select(Trial.id).where(Trial.study_id == study_id).order_by(Trial.number)))
 
 
+# A list answers each study's spec inline only up to this size of its JSON text (as the database
+# holds it): a spec may be up to HPO_MAX_BODY_BYTES (32 MiB), and a page of a thousand studies must
+# stay small. A larger spec is null in the list, with `spec_truncated`; GET /api/v1/studies/{id}
+# answers it whole (docs/api.md, "Studies").
+LIST_SPEC_BYTES = 64 * 1024
+
+
 def list_studies(db: Database, *, status: str | None = None, limit: int = 100, offset: int = 0) -> Page:
-    """A page of studies, newest first. Filtering and paging happen in SQL: only the page's rows
-    (and their specs) are loaded, however many studies there are."""
+    """A page of studies (`StudyListItem`), newest first. Filtering and paging happen in SQL: only
+    the page's rows are loaded, however many studies there are, and of their specs only those
+    within `LIST_SPEC_BYTES` (sizes are measured in the database)."""
     with db.transaction() as session:
         query: Select[Any] = select(Study.id)
         if status is not None:
             query = query.where(_status_condition(status))
         total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-        page = session.scalars(
-            select(Study).where(Study.id.in_(query.order_by(Study.id.desc()).limit(limit).offset(offset)))
-        ).all()
-        views = [_public(session, s) for s in sorted(page, key=lambda s: -s.id)]
+        ids = query.order_by(Study.id.desc()).limit(limit).offset(offset)
+        page = session.scalars(select(Study).options(defer(Study.spec)).where(Study.id.in_(ids))).all()
+        size = _spec_bytes(session)
+        sizes = {int(i): int(n or 0) for i, n in session.execute(select(Study.id, size).where(Study.id.in_(ids)))}
+        small = [i for i, n in sizes.items() if n <= LIST_SPEC_BYTES]
+        specs: dict[int, Any] = {
+            int(row[0]): row[1] for row in session.execute(select(Study.id, Study.spec).where(Study.id.in_(small)))
+        }
+        views = [
+            StudyListItem(
+                **_view_fields(session, s),
+                spec=specs.get(s.id),
+                spec_bytes=sizes.get(s.id, 0),
+                spec_truncated=s.id not in specs,
+            )
+            for s in sorted(page, key=lambda s: -s.id)
+        ]
     return Page(items=views, total=total)
+
+
+def _spec_bytes(session: Session) -> Any:
+    """The size in bytes of a study's spec as its database holds its JSON text."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.octet_length(cast(Study.spec, Text))
+    return func.length(cast(Study.spec, LargeBinary))
 
 
 def _status_condition(status: str) -> Any:
@@ -320,6 +357,11 @@ def _ensure_name_free(session: Session, name: str) -> None:
 
 
 def _public(session: Session, study: Study, *, best: bool = True) -> StudyPublic:
+    return StudyPublic(**_view_fields(session, study, best=best), spec=study.spec)
+
+
+def _view_fields(session: Session, study: Study, *, best: bool = True) -> dict[str, Any]:
+    """A study's public fields but its spec."""
     counts = dict(
         session.execute(
             select(Trial.status, func.count()).where(Trial.study_id == study.id).group_by(Trial.status)
@@ -328,7 +370,7 @@ def _public(session: Session, study: Study, *, best: bool = True) -> StudyPublic
     trial_counts = TrialCounts(**{status.value: n for status, n in counts.items()})
     best_trial = _best_trial(session, study) if best else None
     status = _effective_status(study, trial_counts)
-    return StudyPublic(
+    return dict(
         status_reason=status_reason(session, study) if status == "paused" else None,
         id=study.id,
         name=study.name,
@@ -339,7 +381,6 @@ def _public(session: Session, study: Study, *, best: bool = True) -> StudyPublic
         seed=study.seed,
         num_trials=study.num_trials,
         objective={"metric": study.objective_metric, "mode": study.objective_mode},
-        spec=study.spec,
         trial_counts=trial_counts,
         best_trial_id=best_trial[0] if best_trial else None,
         best_value=best_trial[1] if best_trial else None,

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
+from hpo.cli import main
+from hpo.server.studies import LIST_SPEC_BYTES
+from tests.conftest import LiveServer
 from tests.server.factories import study_spec
 
 API = "/api/v1"
@@ -131,3 +135,30 @@ def test_prometheus_metrics_count_trials_by_status(client: httpx.Client) -> None
     client.post(f"{API}/workers/claim", json={"worker_id": "w", "resources": {"cpus": 8}})
     text = client.get("/metrics").text
     assert 'hpo_trials{status="pending"} 5' in text and 'hpo_trials{status="running"} 1' in text
+
+
+def test_lists_never_carry_a_large_spec_inline(
+    live_server: LiveServer, client: httpx.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = client.post(f"{API}/studies", json=study_spec(name="big", num_trials=1, description="d" * 100_000))
+    assert big.status_code == 201, big.text
+    small = client.post(f"{API}/studies", json=study_spec(name="small", num_trials=1)).json()
+    listed = client.get(f"{API}/studies")
+    items = {s["name"]: s for s in listed.json()["items"]}
+    assert items["big"]["spec"] is None and items["big"]["spec_truncated"] is True
+    assert items["big"]["spec_bytes"] > LIST_SPEC_BYTES
+    assert items["small"]["spec"] == small["spec"] and items["small"]["spec_truncated"] is False
+    assert 0 < items["small"]["spec_bytes"] <= LIST_SPEC_BYTES
+    # The description is in the item once (its own field), not a second time inside the spec.
+    assert listed.text.count("d" * 100_000) == 1 and len(listed.content) < 100_000 + LIST_SPEC_BYTES
+    one = client.get(f"{API}/studies", params={"limit": 1}).json()["items"]
+    assert [s["name"] for s in one] == ["small"]
+    # The whole spec stays one call away.
+    whole = client.get(f"{API}/studies/{big.json()['id']}").json()
+    assert whole["spec"]["description"] == "d" * 100_000
+    # The CLI's list and the dashboard's index still show both.
+    assert main(["study", "list", "--server", live_server.url]) == 0
+    out = capsys.readouterr().out
+    assert "big" in out and "small" in out
+    index = client.get("/", headers={"Accept": "text/html"})
+    assert index.status_code == 200 and "big" in index.text and "small" in index.text
