@@ -15,6 +15,9 @@ COPY migrations/ migrations/
 COPY examples/ examples/
 # Editable, as the README installs it: `hpo demo` finds examples/ next to the package.
 RUN pip install -e .
+# Ray's sockets and logs go below this root-only folder (ray start --temp-dir in docker-compose.yml),
+# which the trials' uids (--run-as) cannot enter; the installed Python stays readable by them.
+RUN mkdir -m 0700 -p /var/lib/hpo-ray && chmod -R a+rX /opt/hpo
 
 EXPOSE 8000
 CMD ["hpo", "--help"]

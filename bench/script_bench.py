@@ -82,6 +82,7 @@ def under_worker(url: str, root: Path, steps: int, trials: int) -> tuple[list[fl
     trial of one study, after one warm-up trial."""
     client = ServerClient(url)
     options = WorkerOptions(
+        unconfined=True,
         server_url=url,
         artifact_root=root,
         idle_poll_seconds=0.05,

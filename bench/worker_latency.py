@@ -63,7 +63,9 @@ def run_study(url: str, root: Path, body: dict[str, Any]) -> tuple[Worker, dict[
         counts = client.get(f"{API}/studies/{study['id']}")["trial_counts"]
         return counts["pending"] + counts["running"] == 0
 
-    worker = Worker(WorkerOptions(server_url=url, artifact_root=root, idle_poll_seconds=0.2, log_to_driver=False))
+    worker = Worker(
+        WorkerOptions(unconfined=True, server_url=url, artifact_root=root, idle_poll_seconds=0.2, log_to_driver=False)
+    )
     worker.run(until=done)
     return worker, study
 
@@ -175,7 +177,9 @@ def ddp_start(url: str, root: Path, steps: int, repeats: int) -> dict[str, Any]:
     study as it appears and idles in between while bare Ray Train runs. The order alternates: the
     first Ray Train run on a cluster pays one-time costs (about a second here)."""
     client = ServerClient(url)
-    worker = Worker(WorkerOptions(server_url=url, artifact_root=root, idle_poll_seconds=0.2, log_to_driver=False))
+    worker = Worker(
+        WorkerOptions(unconfined=True, server_url=url, artifact_root=root, idle_poll_seconds=0.2, log_to_driver=False)
+    )
     thread = threading.Thread(target=worker.run, name="bench-worker")
     thread.start()
     under_worker: list[tuple[float, float]] = []

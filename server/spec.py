@@ -161,6 +161,10 @@ class Resources(_Strict):
     workers: Integer = Field(default=1, ge=1, le=4096)
     cpus_per_worker: float = Field(default=1.0, gt=0, le=1024)
     gpus_per_worker: float = Field(default=0.0, ge=0, le=64)
+    # Per process of the trial, within the worker's own maximum (docs/security.md, "Bounded
+    # resources"): processes and threads it may run at once, and memory.
+    max_processes: Integer | None = Field(default=None, ge=1, le=1 << 20)
+    memory_gb: float | None = Field(default=None, gt=0, le=65536)
 
 
 class WarmStart(_Strict):

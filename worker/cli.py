@@ -107,9 +107,29 @@ def _register_worker(subparsers: Any) -> None:
         "--run-as",
         default=None,
         metavar="USER|FIRST-LAST",
-        help="run trial processes as this user, or as one uid of this range per running trial (e.g. 20000-20063), "
-        "so a trial cannot read the worker's token or touch other trials (the worker must run as root; "
-        "docs/security.md; default: the worker's own user)",
+        help="run trial processes as one uid of this range per running trial (e.g. 20000-20063), or as this user "
+        "with one trial at a time, so a trial cannot read the worker's token or touch other trials (the worker "
+        "must run as root; docs/security.md; default: the worker's own user, which root refuses without --unconfined)",
+    )
+    parser.add_argument(
+        "--unconfined",
+        action="store_true",
+        help="let a root worker run trials as root, without --run-as: their code can then read this node's files, "
+        "the worker's token and Ray's credentials (only for a machine and code you trust; docs/security.md)",
+    )
+    parser.add_argument(
+        "--max-trial-processes",
+        type=int,
+        default=4096,
+        help="processes and threads one trial process may run at once, its children included (default 4096; a "
+        "study's resources.max_processes asks for less)",
+    )
+    parser.add_argument(
+        "--max-trial-memory-gb",
+        type=float,
+        default=None,
+        help="memory one trial process may use, its children included (default: not limited by hpo; a study's "
+        "resources.memory_gb asks for less; needs a cgroup on the node, docs/security.md)",
     )
     parser.add_argument(
         "--pass-env",
@@ -255,7 +275,8 @@ def _worker_options(args: argparse.Namespace) -> Any:
     from hpo.settings import Settings, SettingsError
 
     from .confine import RunAs
-    from .loop import WorkerOptions, default_worker_id
+    from .containment import Limits
+    from .loop import WorkerOptions, confinement_refusal, default_worker_id
 
     try:
         settings = Settings.from_env()
@@ -270,6 +291,12 @@ def _worker_options(args: argparse.Namespace) -> Any:
             raise CliError(str(exc)) from None
         if os.geteuid() != 0:
             raise CliError("--run-as needs the worker to run as root (it starts trial processes as another user)")
+        if run_as.first == run_as.last and args.max_trials is None:
+            args.max_trials = 1  # one user: one running trial at a time (docs/security.md)
+    if args.max_trial_processes < 1:
+        raise CliError(f"--max-trial-processes must be >= 1, got {args.max_trial_processes}")
+    if args.max_trial_memory_gb is not None and not args.max_trial_memory_gb > 0:
+        raise CliError(f"--max-trial-memory-gb must be > 0, got {args.max_trial_memory_gb}")
     for name in ("num_cpus", "num_gpus", "max_trials"):
         value = getattr(args, name)
         if value is not None and value < (1 if name == "max_trials" else 0):
@@ -289,7 +316,8 @@ def _worker_options(args: argparse.Namespace) -> Any:
             raise CliError(f"--token-file: {exc}") from None
     if args.workdir_root and not Path(args.workdir_root).is_dir():
         raise CliError(f"--workdir-root {args.workdir_root} is not a directory")
-    return WorkerOptions(
+    memory = int(args.max_trial_memory_gb * 2**30) if args.max_trial_memory_gb else None
+    options = WorkerOptions(
         server_url=args.server,
         artifact_root=Path(args.artifact_root or settings.artifact_root),
         token=token,
@@ -308,7 +336,13 @@ def _worker_options(args: argparse.Namespace) -> Any:
         run_as=run_as,
         pass_env=tuple(args.pass_env),
         log_to_driver=bool(getattr(args, "verbose", False)),  # the trials' own output only with -v
+        unconfined=args.unconfined,
+        limits=Limits(args.max_trial_processes, memory),
     )
+    refusal = confinement_refusal(options)
+    if refusal is not None:
+        raise CliError(refusal)
+    return options
 
 
 def _warn_about_exposure(options: Any) -> None:
@@ -319,8 +353,8 @@ def _warn_about_exposure(options: Any) -> None:
     log = logging.getLogger("hpo.worker")
     if options.run_as is None and os.geteuid() == 0:
         log.warning(
-            "trials run as root: their code can read this node's files and processes, the worker's token "
-            "included; give them a user of their own with --run-as (docs/security.md)"
+            "--unconfined: trials run as root: their code can read this node's files and processes, the worker's "
+            "token included; give them users of their own with --run-as FIRST-LAST (docs/security.md)"
         )
 
 

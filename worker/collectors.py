@@ -1,8 +1,9 @@
 """Metrics from what a script already writes (`trainer.metrics`, docs/scripts.md).
 
 A command's metric points reach hpo through `$HPO_OUT_DIR/metrics.jsonl`, which rank 0's runner
-tails. A collector fills that file from what an unchanged script writes anyway, the way Katib's
-stdout and TensorBoard collectors do:
+tails. A collector finds more points in what an unchanged script writes anyway, the way Katib's
+stdout and TensorBoard collectors do, and hands them to the runner, which accepts them with the
+file's (worker/command.py):
 
 - `file` (the default): the script writes `metrics.jsonl` itself; nothing to collect.
 - `stdout`: lines of the script's output such as `step=100 train/loss=0.31 valid/error_rate=0.05`
@@ -13,22 +14,23 @@ stdout and TensorBoard collectors do:
   spec's `dir` below it), read with TensorBoard's own event-file loader; each scalar's tag is the
   metric's name.
 
-Collectors only read what the trial wrote (never run it), from the supervisor, after the trial's
-own process wrote it. Standard library only, but for TensorBoard's loader, imported when used."""
+Collectors only read what the trial wrote (never run it), and never write: the stdout collector
+reads the worker's own `stdout.log`, the TensorBoard collector reads event files through the
+attempt's `TrialTree` (worker/trial_tree.py: no link followed, only regular files). Standard
+library only, but for TensorBoard's loader, imported when used."""
 
 from __future__ import annotations
 
-import glob
-import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from hpo.collector_spec import CollectorSpec
-from hpo.trainer.reporters import format_value
+
+from .trial_tree import TrialTree
 
 MAX_LINE = 4096  # longer lines are cut: a pattern is spec text, run on the trial's output
 _PAIR = re.compile(
@@ -37,9 +39,13 @@ _PAIR = re.compile(
 _STEP_NAMES = ("step", "global_step", "iteration", "iter")
 
 
+Point = tuple[int, str, float]
+MAX_EVENT_FILES = 256  # event files followed per attempt (each holds a descriptor)
+
+
 class Collector(Protocol):
-    def collect(self) -> int:
-        """Appends the points found since the last call to metrics.jsonl; answers how many."""
+    def collect(self) -> list[Point]:
+        """The points found since the last call."""
         ...
 
 
@@ -58,48 +64,30 @@ def require(spec: CollectorSpec) -> None:
             ) from None
 
 
-def collector_for(spec: CollectorSpec, out_dir: Path, stdout_path: Path, metrics_path: Path) -> Collector | None:
-    """The collector for a trial's rank 0 (None for `file`: the script writes the file itself)."""
+def collector_for(spec: CollectorSpec, tree: Callable[[], TrialTree], stdout_path: Path) -> Collector | None:
+    """The collector for a trial's rank 0 (None for `file`: the script writes the file itself).
+    `tree` answers the attempt's open folder once the run has opened it."""
     if spec.collector == "stdout":
-        return StdoutCollector(stdout_path, metrics_path, spec.pattern)
+        return StdoutCollector(stdout_path, spec.pattern)
     if spec.collector == "tensorboard":
-        return TensorBoardCollector(out_dir / (spec.dir or "."), metrics_path)
+        return TensorBoardCollector(tree, spec.dir or ".")
     return None
-
-
-class _PointWriter:
-    def __init__(self, metrics_path: Path) -> None:
-        self.path = metrics_path
-
-    def write(self, points: list[tuple[int, str, float]]) -> int:
-        if points:
-            lines = "".join(
-                f'{{"step": {step}, "name": {_quoted(name)}, "value": {format_value(value)}}}\n'
-                for step, name, value in points
-            )
-            with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(lines)
-        return len(points)
-
-
-def _quoted(name: str) -> str:
-    return json.dumps(name)
 
 
 class StdoutCollector:
     """Points from the script's output lines (stdout.log, which the runner fills)."""
 
-    def __init__(self, stdout_path: Path, metrics_path: Path, pattern: str | None = None) -> None:
-        self.source, self.out = stdout_path, _PointWriter(metrics_path)
+    def __init__(self, stdout_path: Path, pattern: str | None = None) -> None:
+        self.source = stdout_path
         self.pattern = re.compile(pattern) if pattern else None
         self.offset = 0
         self.last_step: int | None = None
 
-    def collect(self) -> int:
-        points: list[tuple[int, str, float]] = []
+    def collect(self) -> list[Point]:
+        points: list[Point] = []
         for line in self._new_lines():
             points.extend(self.parse(line[:MAX_LINE]))
-        return self.out.write(points)
+        return points
 
     def _new_lines(self) -> Iterator[str]:
         try:
@@ -114,7 +102,7 @@ class StdoutCollector:
         self.offset += end + 1
         yield from data[: end + 1].decode("utf-8", "replace").splitlines()
 
-    def parse(self, line: str) -> list[tuple[int, str, float]]:
+    def parse(self, line: str) -> list[Point]:
         """The points of one line; a line with no step (and none seen before) gives none."""
         pairs = {name: value for name, value in _PAIR.findall(line)}
         step_token = next((pairs[n] for n in _STEP_NAMES if n in pairs), None)
@@ -152,28 +140,41 @@ def _as_float(text: str | None) -> float | None:
 
 
 class TensorBoardCollector:
-    """Scalars from `events.out.tfevents.*` files below `folder`, read incrementally with
-    TensorBoard's `EventFileLoader` (one per file: a resumed run writes a new file)."""
+    """Scalars from `events.out.tfevents.*` files below `folder` of the attempt, read incrementally
+    with TensorBoard's `EventFileLoader` (one per file: a resumed run writes a new file). Each file
+    is opened once through the attempt's `TrialTree`; the loader reads that open file through
+    `/proc/self/fd`, so a name the trial swaps for a link later changes nothing."""
 
-    def __init__(self, folder: Path, metrics_path: Path) -> None:
-        self.folder, self.out = folder, _PointWriter(metrics_path)
-        self.loaders: dict[str, Any] = {}
+    def __init__(self, tree: TrialTree | Callable[[], TrialTree], folder: str = ".") -> None:
+        self.tree = tree if callable(tree) else (lambda: tree)
+        self.folder = folder
+        self.loaders: dict[str, tuple[BinaryIO, Any]] = {}
 
-    def collect(self) -> int:
+    def collect(self) -> list[Point]:
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-        pattern = os.path.join(glob.escape(str(self.folder)), "**", "events.out.tfevents.*")
-        for path in sorted(glob.glob(pattern, recursive=True)):
-            if path not in self.loaders:
-                self.loaders[path] = EventFileLoader(path)
-        points: list[tuple[int, str, float]] = []
-        for loader in self.loaders.values():
+        tree = self.tree()
+        for path in tree.walk_files(self.folder):
+            if path in self.loaders or not os.path.basename(path).startswith("events.out.tfevents."):
+                continue
+            if len(self.loaders) >= MAX_EVENT_FILES:
+                break
+            handle = tree.open_file(path)
+            if handle is not None:
+                self.loaders[path] = (handle, EventFileLoader(f"/proc/self/fd/{handle.fileno()}"))
+        points: list[Point] = []
+        for _handle, loader in self.loaders.values():
             for event in loader.Load():
                 points.extend(_scalars(event))
-        return self.out.write(points)
+        return points
+
+    def close(self) -> None:
+        for handle, _loader in self.loaders.values():
+            handle.close()
+        self.loaders.clear()
 
 
-def _scalars(event: Any) -> Iterator[tuple[int, str, float]]:
+def _scalars(event: Any) -> Iterator[Point]:
     if not event.HasField("summary") or not 0 <= event.step < 2**31:
         return
     for value in event.summary.value:

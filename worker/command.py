@@ -4,7 +4,9 @@ The worker runs the command once per attempt (once per process for DDP) and talk
 files only, so a script needs no import of hpo (Katib's file metrics collector is the model):
 
 - in: `HPO_CONFIG`, a JSON file holding the claim's `config` plus `resume_from` (the newest
-  checkpoint of an earlier attempt, or null); `HPO_OUT_DIR`, the attempt's own folder; for DDP the
+  checkpoint of an earlier attempt, or null), in the worker's own folder beside the attempt's
+  (`attempt-<n>.worker/`, readable by the trial, never writable); `HPO_OUT_DIR`, the attempt's own
+  folder; for DDP the
   `torchrun` environment (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`,
   `MASTER_ADDR`, `MASTER_PORT`).
 - out: `{"step", "name", "value"}` lines appended to `$HPO_OUT_DIR/metrics.jsonl`; checkpoints as
@@ -13,13 +15,17 @@ files only, so a script needs no import of hpo (Katib's file metrics collector i
 - stop: SIGTERM to the command's process group asks it to checkpoint and exit; SIGKILL to the group
   follows after `stop_grace_seconds`.
 
-Rank 0's runner tails the files: points go to the `Reporter` (the worker's `HttpReporter` reads the
-same file by offset, so a server outage buffers on disk), complete checkpoints are recorded and the
-`keep_best_checkpoints` best plus the newest kept (the trainer's own retention rule). The command
-runs in its own session (`start_new_session`), so a stop, and the end of the run, reach every
-process it started; `PR_SET_PDEATHSIG` ends it if the process that runs it dies (a SIGKILLed
-worker), so it never trains on for a lease that is gone. The command's environment carries no
-`HPO_*` variable of the worker's (no API token): only `HPO_CONFIG` and `HPO_OUT_DIR`."""
+Rank 0's runner tails the files through worker/trial_tree.py (never following a link the trial
+planted): each point it accepts is appended to the worker's own `metrics.jsonl` in
+`attempt-<n>.worker/`, which the worker's `HttpReporter` reads by offset (a server outage buffers on
+disk), and goes to the `Reporter`; complete checkpoints are recorded and the `keep_best_checkpoints`
+best plus the newest kept (the trainer's own retention rule). The command's stdout and stderr go to
+`stdout.log` and `stderr.log` in the worker's folder. The command runs in its own session and its
+own group (worker/containment.py: a cgroup, or its dedicated uid), so a stop reaches every process
+it started and the end of the attempt ends them all; `PR_SET_PDEATHSIG` ends it if the process that
+runs it dies (a SIGKILLed worker), so it never trains on for a lease that is gone. The command's
+environment carries no `HPO_*` variable of the worker's (no API token): only `HPO_CONFIG` and
+`HPO_OUT_DIR`."""
 
 from __future__ import annotations
 
@@ -30,11 +36,11 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
+import stat
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,12 +50,14 @@ from hpo.command_template import used_hyperparameters
 from hpo.lifetime import die_with_parent
 from hpo.session import PARAMS_READ_FILE
 from hpo.trainer.config import Objective
-from hpo.trainer.reporters import report_deleted
+from hpo.trainer.reporters import format_value, report_deleted
 from hpo.trainer.retention import kept_steps
 
 from .collectors import collector_for
-from .confine import Identity, children_of, hand_over, kill_descendants, seal, trial_environment
+from .confine import Identity, children_of, reap_children, trial_environment
+from .containment import Containment, Limits, contain
 from .reporter import MetricsTail
+from .trial_tree import TrialTree
 
 _log = logging.getLogger("hpo.worker.command")
 
@@ -98,6 +106,11 @@ class CommandSettings:
     # `trainer.metrics` (hpo.collector_spec): what rank 0 turns into metric points besides the
     # script's own metrics.jsonl.
     collector: CollectorSpec = field(default_factory=CollectorSpec)
+    # The worker's own folder for this process (config, output, accepted points), beside the
+    # attempt's and never the trial's to write; default `<out_dir>.worker`.
+    log_dir: Path | None = None
+    # What the attempt may hold (worker/containment.py), and its group's name on this node.
+    limits: Limits = field(default_factory=Limits)
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
     silence_timeout_seconds: float = DEFAULT_SILENCE_TIMEOUT_SECONDS
     poll_seconds: float = 0.05
@@ -144,31 +157,57 @@ def checkpoint_step(name: str) -> int | None:
     return int(match.group(1))
 
 
-def list_checkpoints(directory: Path) -> dict[int, Path]:
-    """Complete checkpoints in `directory` by step (the newest name wins when two share a step)."""
-    found: dict[int, Path] = {}
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return found
-    for entry in sorted(entries, key=lambda e: e.name):
-        step = checkpoint_step(entry.name)
-        if step is not None:
-            found[step] = Path(entry.path)
+def checkpoints_in(tree: TrialTree, folder: str = CHECKPOINT_DIR) -> dict[int, str]:
+    """Complete checkpoints (regular files or folders, never links) in a folder of the attempt, by
+    step: their names (the newest name wins when two share a step)."""
+    found: dict[int, str] = {}
+    for name, info in sorted(tree.entries(folder).items()):
+        step = checkpoint_step(name)
+        if step is not None and (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+            found[step] = name
     return found
 
 
-def write_config(out_dir: Path, config: Mapping[str, Any]) -> Path:
-    """`HPO_CONFIG`: the claim's config with `resume_from` at the top (a path, or null)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def list_checkpoints(directory: Path) -> dict[int, Path]:
+    """Complete checkpoints in `directory` by step, as paths."""
+    if not directory.is_dir():
+        return {}
+    with TrialTree.open(directory) as tree:
+        return {step: directory / name for step, name in checkpoints_in(tree, ".").items()}
+
+
+def worker_dir(out_dir: Path) -> Path:
+    """The worker's own folder beside an attempt's (`attempt-<n>.worker`)."""
+    return out_dir.with_name(out_dir.name + ".worker")
+
+
+def write_config(folder: Path, config: Mapping[str, Any], group: int | None = None) -> Path:
+    """`HPO_CONFIG`: the claim's config with `resume_from` at the top (a path, or null), in the
+    worker's folder; readable by the trial's group `group` (None: by everyone)."""
     data = dict(config)
     trainer = dict(data.get("trainer") or {})
     data["resume_from"] = trainer.get("resume_from")
-    path = out_dir / CONFIG_FILE
+    path = folder / CONFIG_FILE
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, allow_nan=False, default=str))
+    _readable_by(tmp, group)
     os.replace(tmp, path)
     return path
+
+
+def make_worker_dir(folder: Path, group: int | None) -> None:
+    """The worker's folder: made by the worker, entered by the trial's group only (to read its
+    config), written by nobody else."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o755 if group is None else 0o750)
+    if group is not None and os.geteuid() == 0:
+        os.chown(folder, 0, group)
+
+
+def _readable_by(path: Path, group: int | None) -> None:
+    os.chmod(path, 0o644 if group is None else 0o640)
+    if group is not None and os.geteuid() == 0:
+        os.chown(path, 0, group)
 
 
 class CommandRun:
@@ -182,11 +221,15 @@ class CommandRun:
         self.objective_metric = str(objective.get("metric", "valid/error_rate"))
         self.objective_mode = str(objective.get("mode", "min"))
         self.keep_best = int(trainer.get("keep_best_checkpoints", 3))
-        self.tail = MetricsTail(settings.out_dir / METRICS_FILE)
-        out = settings.out_dir
+        self.log_dir = settings.log_dir or worker_dir(settings.out_dir)
+        # Opened by `run`, before the trial gets its folder; everything below it is read through it.
+        self.tree: TrialTree | None = None
+        self.tail = MetricsTail(settings.out_dir / METRICS_FILE, opener=lambda: self._tree.open_file(METRICS_FILE))
+        self.accepted: Any = None  # the worker's own metrics.jsonl, which the HttpReporter tails
         self.collector = (
-            collector_for(settings.collector, out, out / STDOUT_FILE, out / METRICS_FILE) if sink is not None else None
+            collector_for(settings.collector, self._tree_now, self.log_dir / STDOUT_FILE) if sink is not None else None
         )
+        self.containment: Containment | None = None
         self.names: set[str] = set()  # metric names the command wrote
         self.ckpt_dir = settings.out_dir / CHECKPOINT_DIR
         self.objectives: dict[int, float] = {}
@@ -200,36 +243,65 @@ class CommandRun:
 
     # -- the run ---------------------------------------------------------------------------------
 
+    @property
+    def _tree(self) -> TrialTree:
+        assert self.tree is not None, "the attempt folder is opened by run()"
+        return self.tree
+
+    def _tree_now(self) -> TrialTree:
+        return self._tree
+
     def run(self) -> CommandResult:
+        identity = self.s.identity
+        self.tree = TrialTree.create(self.s.out_dir)
         try:
-            self.start()
-            stop_reason, kill_at = self.supervise()
-            returncode = self._wait_and_reap(kill_at)
-            kill_descendants(spare=self._present)
-            self.poll_files()
-        finally:
-            # Whatever happened, nothing the command started outlives the attempt, and its files
-            # are nobody's to write once it is over (worker/confine.py).
-            kill_descendants(spare=self._present)
-            seal(self.s.out_dir)
-        result = self.verdict(returncode, stop_reason)
-        if self.sink is None:
+            self._present = set(children_of(os.getpid()))
+            name = f"{self.s.out_dir.parent.name}-{self.s.out_dir.name}-{os.getpid()}"
+            self.containment = contain(name, self.s.limits, None if identity is None else identity.uid)
+            try:
+                self.start()
+                stop_reason, kill_at = self.supervise()
+                returncode = self._wait_and_reap(kill_at)
+                self._end_processes()
+                self.poll_files()
+            finally:
+                # Whatever happened, nothing the command started outlives the attempt, and its
+                # files are nobody's to write once it is over (worker/containment.py).
+                self._end_processes()
+                self.tree.seal(None if identity is None else identity.uid)
+            result = self.verdict(returncode, stop_reason)
+            if self.sink is not None:
+                unread = unread_hyperparameters(self.tree, self.config)
+                result = dataclasses.replace(result, unread_params=unread)
             return result
-        return dataclasses.replace(result, unread_params=unread_hyperparameters(self.s.out_dir, self.config))
+        finally:
+            self.tree.close()
+            if self.accepted is not None:
+                self.accepted.close()
+
+    def _end_processes(self) -> None:
+        assert self.containment is not None
+        try:
+            self.containment.end(self._present)
+        finally:
+            reap_children(self._present)
 
     def start(self) -> None:
-        out = self.s.out_dir
-        config_path = write_config(out, self.config)
+        out, identity = self.s.out_dir, self.s.identity
+        group = None if identity is None else identity.gid
+        make_worker_dir(self.log_dir, group)
+        config_path = write_config(self.log_dir, self.config, group)
         ours = {"HPO_CONFIG": str(config_path), "HPO_OUT_DIR": str(out)}
-        identity = self.s.identity
         env = trial_environment(os.environ, {**self.s.extra_env, **ours}, self.s.pass_env, identity)
-        as_user: dict[str, Any] = {}
-        if identity is not None:
-            as_user = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
-        self._present = set(children_of(os.getpid()))
-        # Output goes to files, not pipes: nothing to drain, and the tail survives for the reason.
-        with (out / STDOUT_FILE).open("ab") as stdout, (out / STDERR_FILE).open("ab") as stderr:
-            hand_over(out, identity)
+        if self.sink is not None:
+            self.accepted = (self.log_dir / METRICS_FILE).open("ab")
+        assert self.containment is not None
+        setup = functools.partial(_child_setup, node_niceness(), self.containment.join, identity)
+        # Output goes to the worker's files, not pipes: nothing to drain, and the tail survives for
+        # the failure reason, in a folder the trial cannot change.
+        with (self.log_dir / STDOUT_FILE).open("ab") as stdout, (self.log_dir / STDERR_FILE).open("ab") as stderr:
+            if identity is not None:
+                self._tree.hand_over(identity.uid, identity.gid)
             self.proc = subprocess.Popen(
                 list(self.s.argv),
                 cwd=self.s.cwd,
@@ -238,8 +310,7 @@ class CommandRun:
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=functools.partial(_child_setup, node_niceness()),
-                **as_user,
+                preexec_fn=setup,
             )
         self.last_activity = time.monotonic()
 
@@ -251,6 +322,9 @@ class CommandRun:
         kill_at: float | None = None
         silence = self.s.silence_timeout_seconds
         while self.proc.poll() is None:
+            # Orphans of the trial are re-parented to this supervisor (a subreaper): reaped as they
+            # die, or their zombies would count against the attempt's process limit.
+            reap_children(self._present | {self.proc.pid})
             if self.sink is not None and self.poll_files():
                 self.last_activity = time.monotonic()
             now = time.monotonic()
@@ -291,15 +365,14 @@ class CommandRun:
         never offers it as a resume point (DESIGN.md, "Third wave")."""
         if self.sink is None:
             return False
-        if self.collector is not None:
-            self.collector.collect()
-        new = self._read_points()
-        present = list_checkpoints(self.ckpt_dir)
-        found = {step: path for step, path in present.items() if step not in self.recorded}
+        collected = self.collector.collect() if self.collector is not None else []
+        new = self._read_points(collected)
+        present = checkpoints_in(self._tree)
+        found = {step: name for step, name in present.items() if step not in self.recorded}
         if found:
             self.recorded.update(found)
             if self._prune(present):
-                present = list_checkpoints(self.ckpt_dir)
+                present = checkpoints_in(self._tree)
         gone = sorted(self.told - set(present))
         if gone:
             self.told -= set(gone)
@@ -308,29 +381,39 @@ class CommandRun:
         # checkpoints that appeared between two polls may leave only the best of them.
         for step in sorted(found):
             if step in present:
-                self.sink.checkpoint(step, str(present[step]), self.objectives.get(step))
+                self.sink.checkpoint(step, str(self.ckpt_dir / present[step]), self.objectives.get(step))
                 self.told.add(step)
         return new or bool(found) or bool(gone)
 
-    def _read_points(self) -> bool:
+    def _read_points(self, collected: list[tuple[int, str, float]]) -> bool:
+        """Takes the collector's points and the new lines of the trial's own metrics.jsonl, appends
+        them to the worker's file (which the reporter delivers) and tells the sink."""
         assert self.sink is not None
-        got = False
+        got = bool(collected)
+        if collected:
+            self._accept([{"step": step, "name": name, "value": value} for step, name, value in collected])
         while True:
             points, end = self.tail.read()
             self.tail.advance(end)
             if not points:
                 return got
             got = True
-            for point in points:
-                step, name, value = point["step"], point["name"], point["value"]
-                self.points += 1
-                self.names.add(name)
-                self.last_step = step if self.last_step is None else max(self.last_step, step)
-                if name == self.objective_metric and value == value:
-                    self.objectives[step] = value
-                self.sink.metrics(step, {name: value})
+            self._accept(points)
 
-    def _prune(self, present: dict[int, Path]) -> bool:
+    def _accept(self, points: list[dict[str, Any]]) -> None:
+        assert self.sink is not None and self.accepted is not None
+        self.accepted.write("".join(point_line(p["step"], p["name"], p["value"]) for p in points).encode())
+        self.accepted.flush()
+        for point in points:
+            step, name, value = point["step"], point["name"], point["value"]
+            self.points += 1
+            self.names.add(name)
+            self.last_step = step if self.last_step is None else max(self.last_step, step)
+            if name == self.objective_metric and value == value:
+                self.objectives[step] = value
+            self.sink.metrics(step, {name: value})
+
+    def _prune(self, present: dict[int, str]) -> bool:
         """The trainer's retention: the `keep_best` best checkpoints by the objective and the newest;
         and the newest one the server recorded, which a later attempt would resume from (during a
         server outage the script goes on checkpointing, and none of the newer ones is recorded).
@@ -343,19 +426,17 @@ class CommandRun:
         recorded = getattr(self.sink, "newest_recorded", None)
         if recorded is not None:
             keep.add(recorded)
-        doomed = [path for step, path in present.items() if step not in keep]
-        for path in doomed:
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+        # Only inside the attempt's own checkpoints folder, by name, never through a link.
+        doomed = [name for step, name in present.items() if step not in keep and step in self.recorded]
+        for name in doomed:
+            self._tree.remove(CHECKPOINT_DIR, name)
         return bool(doomed)
 
     # -- the answer ------------------------------------------------------------------------------
 
     def verdict(self, returncode: int, stop_reason: str | None) -> CommandResult:
         step = self.last_step
-        declared = read_result(self.s.out_dir / RESULT_FILE)
+        declared = parse_result(self._tree.read_bytes(RESULT_FILE, 64 * 1024))
         declared_error = None
         if declared is not None and declared[0] == "error":
             declared_error = declared[1]  # the program's own account of its failure (a traceback)
@@ -402,11 +483,12 @@ class CommandRun:
         return f"and its {self.s.collector.collector} collector found none "
 
     def _stderr_tail(self) -> str:
-        lines = stderr_tail(self.s.out_dir / STDERR_FILE)
+        # The worker's own file, which the trial reached only through the descriptor it inherited.
+        lines = stderr_tail(self.log_dir / STDERR_FILE)
         return f"; last lines of its stderr:\n{lines}" if lines else ""
 
 
-def unread_hyperparameters(out_dir: Path, config: Mapping[str, Any]) -> list[str] | None:
+def unread_hyperparameters(tree: TrialTree, config: Mapping[str, Any]) -> list[str] | None:
     """The trial's hyperparameters that reached the script neither through a placeholder of
     `trainer.command` nor through `hpo.session().params` (the `params_read.json` it writes at
     exit); None when the trial uses neither, so nothing is known (a script that reads $HPO_CONFIG
@@ -418,17 +500,17 @@ def unread_hyperparameters(out_dir: Path, config: Mapping[str, Any]) -> list[str
     # Only a command that passes hyperparameters by placeholder says anything about the others
     # (`{python}` or `{out_dir}` alone do not: the script may read $HPO_CONFIG itself).
     passed = used_hyperparameters(command, params) or None
-    read = _session_reads(out_dir / PARAMS_READ_FILE)
+    read = _session_reads(tree.read_bytes(PARAMS_READ_FILE, 1 << 20))
     if passed is None and read is None:
         return None
     reached = (passed or set()) | (read or set())
     return sorted(name for name in params if name not in reached)
 
 
-def _session_reads(path: Path) -> set[str] | None:
+def _session_reads(data: bytes | None) -> set[str] | None:
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = json.loads(data) if data is not None else None
+    except ValueError:
         return None
     if not isinstance(raw, dict) or not isinstance(raw.get("read"), list):
         return None
@@ -436,13 +518,21 @@ def _session_reads(path: Path) -> set[str] | None:
 
 
 def read_result(path: Path) -> tuple[str, str] | None:
+    """`parse_result` of a file by path (for a folder the caller owns)."""
+    try:
+        return parse_result(path.read_bytes())
+    except OSError:
+        return None
+
+
+def parse_result(data: bytes | None) -> tuple[str, str] | None:
     """`(status, reason)` when `result.json` says `{"status": "infeasible"}` (a property of the
     point: never retried), `{"status": "config"}` (the program refuses its configuration: never
     retried either) or `{"status": "error"}` (the program's account of its failure: retried, unless
     a stop request explains the end); None otherwise (the exit status decides)."""
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = json.loads(data) if data is not None else None
+    except ValueError:
         return None
     if not isinstance(raw, dict):
         return None
@@ -490,10 +580,23 @@ def node_niceness() -> int | None:
         return None
 
 
-def _child_setup(niceness: int | None) -> None:
-    """In the child before exec: SIGKILL when the process that started it dies (Linux), and the
-    node's niceness where the worker may set it (raising a priority needs the right to)."""
-    die_with_parent(signal.SIGKILL)
+def _child_setup(niceness: int | None, join: Callable[[], None], identity: Identity | None) -> None:
+    """In the child before exec, in this order: into the attempt's group (as root, so nothing the
+    program starts is ever outside it), the node's niceness (raising a priority needs root too),
+    then the trial's user, then SIGKILL when the process that started it dies (after the change of
+    user, which clears it)."""
+    join()
     if niceness is not None:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    if identity is not None:
+        os.setgroups([])
+        os.setresgid(identity.gid, identity.gid, identity.gid)
+        os.setresuid(identity.uid, identity.uid, identity.uid)
+    die_with_parent(signal.SIGKILL)
+
+
+def point_line(step: int, name: str, value: float) -> str:
+    """One `{"step", "name", "value"}` line of a metrics.jsonl (NaN and infinities as the trainer
+    writes them)."""
+    return f'{{"step": {int(step)}, "name": {json.dumps(str(name))}, "value": {format_value(value)}}}\n'

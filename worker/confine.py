@@ -11,11 +11,10 @@ allow-list, optionally as a user of its own, and every one of them is killed whe
   range of uids with one uid per running trial on this node, so concurrent trials cannot signal,
   trace or write each other either). Needs a worker running as root.
 - `kill_descendants`: the supervisor is a child subreaper (hpo.lifetime.become_subreaper), so a
-  process that `setsid`s and double-forks is re-parented to it; at the end of the attempt every
-  descendant is stopped, then killed, then reaped. Works in containers without systemd, where a
-  cgroup per trial is usually not delegated to the worker.
-- `hand_over` / `seal`: the attempt's folder belongs to the trial's user while the attempt runs,
-  and is read-only and owned by the worker afterwards.
+  process that `setsid`s and double-forks is re-parented to it and reaped here. Ending an attempt
+  is worker/containment.py's (a cgroup, or the trial's dedicated uid); the scan of the process tree
+  is only the unconfined worker's best effort.
+- The attempt's folder, handed to the trial's user and sealed afterwards: worker/trial_tree.py.
 
 Standard library only; Linux (elsewhere the process-tree parts find nothing and do nothing)."""
 
@@ -60,6 +59,16 @@ _NEVER_INHERITED = ("HPO_*", "RAY_*")
 
 class ConfinementError(RuntimeError):
     """The worker cannot confine a trial as asked (no uid free, not root for --run-as)."""
+
+
+class ContainmentFailed(RuntimeError):
+    """Processes of an attempt are still alive after everything that should have ended them: its
+    uid stays taken (worker/containment.py)."""
+
+
+# Locks of uids whose last attempt left processes behind: held until the worker exits, so no other
+# trial is handed a uid that still runs someone's code.
+_QUARANTINED: list[int] = []
 
 
 def trial_environment(
@@ -152,10 +161,17 @@ class RunAs:
             except BlockingIOError:
                 os.close(handle)
                 continue
+            quarantine = False
             try:
                 yield Identity(uid, uid, f"hpo-trial-{uid}", "/nonexistent")
+            except ContainmentFailed:
+                quarantine = True
+                raise
             finally:
-                os.close(handle)  # closing the descriptor releases the lock
+                if quarantine:
+                    _QUARANTINED.append(handle)
+                else:
+                    os.close(handle)  # closing the descriptor releases the lock
             return
         raise ConfinementError(f"--run-as {self}: every uid is in use by a running trial on this node")
 
@@ -168,41 +184,6 @@ def _lock_dir() -> Path:
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
         raise ConfinementError(f"{path} must be a folder owned by root with mode 0700")
     return path
-
-
-# -- the attempt's folder -----------------------------------------------------------------------
-
-
-def hand_over(out_dir: Path, identity: Identity | None) -> None:
-    """Gives the attempt's folder (created if need be) to the trial's user, alone, for the attempt."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if identity is None:
-        return
-    for path in _tree(out_dir):
-        with contextlib.suppress(FileNotFoundError):
-            os.lchown(path, identity.uid, identity.gid)
-    os.chmod(out_dir, 0o700)
-
-
-def seal(out_dir: Path) -> None:
-    """After the attempt: the folder is the worker's and nobody's to write (the server's records
-    and the next attempt's resume read it). Called once every process of the trial is gone."""
-    uid, gid = os.geteuid(), os.getegid()
-    for path in _tree(out_dir):
-        with contextlib.suppress(FileNotFoundError):
-            info = os.lstat(path)
-            if stat.S_ISLNK(info.st_mode):
-                continue
-            if info.st_uid != uid and uid == 0:
-                os.lchown(path, uid, gid)
-            os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o222 | (0o055 if stat.S_ISDIR(info.st_mode) else 0o044))
-
-
-def _tree(root: Path) -> list[str]:
-    paths = [str(root)]
-    for base, dirs, files in os.walk(root):
-        paths.extend(os.path.join(base, name) for name in dirs + files)
-    return paths
 
 
 # -- every process of the attempt ---------------------------------------------------------------
@@ -267,6 +248,12 @@ def _exists(pid: int) -> bool:
     except OSError:
         return False
     return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] != b"Z"
+
+
+def reap_children(spare: Iterable[int] = ()) -> None:
+    """Collects this process's dead children but `spare` (orphans of an ended attempt,
+    re-parented to this subreaper)."""
+    _reap(os.getpid(), set(spare))
 
 
 def _reap(root: int, spared: set[int]) -> None:

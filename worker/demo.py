@@ -139,12 +139,18 @@ def run_demo(args: argparse.Namespace) -> int:
         study = create_study(client, spec)
         print(_header(study, server.url, workdir))
         progress = Progress(client, study)
+        if os.geteuid() == 0:
+            print(
+                "demo: running the built-in workloads as root, unconfined (its own throwaway server; docs/security.md)"
+            )
         options = WorkerOptions(
             server_url=server.url,
             artifact_root=settings.artifact_root,
             num_cpus=args.num_cpus,
             log_to_driver=False,
             idle_poll_seconds=0.5,
+            # Only the built-in workloads run, from this package, for a server it started itself.
+            unconfined=True,
         )
         from tqdm.contrib.logging import logging_redirect_tqdm
 

@@ -36,8 +36,9 @@ from hpo.policy import ExecutionPolicy
 from .capacity import Capacity, Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
 from .command import DEFAULT_STOP_GRACE_SECONDS
-from .confine import RunAs
+from .confine import ConfinementError, RunAs
 from .console import TrialLines
+from .containment import Limits, mechanism
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import Outcome, create_board, launch, outcome_of_exception
 from .runs import (
@@ -92,6 +93,29 @@ class WorkerOptions:
     # fixed allow-list.
     run_as: RunAs | None = None
     pass_env: tuple[str, ...] = ()
+    # A worker running as root without `run_as` refuses to start unless told it may run trials as
+    # root (`hpo worker --unconfined`; `hpo demo`, which runs only built-in workloads).
+    unconfined: bool = False
+    # The most one process of a trial may hold (worker/containment.py); a study asks for less.
+    limits: Limits = field(default_factory=Limits)
+
+
+def confinement_refusal(options: WorkerOptions) -> str | None:
+    """Why this worker must not start as configured (docs/security.md), or None."""
+    if os.geteuid() == 0 and options.run_as is None and not options.unconfined:
+        return (
+            "the worker runs as root without --run-as: trials would run as root and could read this node's "
+            "files, the worker's token and Ray's credentials. Give them users of their own with "
+            "--run-as FIRST-LAST (a uid range, one per running trial), or pass --unconfined to run them as root "
+            "anyway (docs/security.md)"
+        )
+    run_as = options.run_as
+    if run_as is not None and run_as.first == run_as.last and options.max_trials != 1:
+        return (
+            f"--run-as {run_as} is one user, so trials running side by side could reach each other: "
+            "pass --max-trials 1, or a uid range (--run-as 20000-20063) for one uid per running trial"
+        )
+    return None
 
 
 @dataclass
@@ -134,7 +158,11 @@ class Worker:
 
     def run(self, until: Callable[[], bool] | None = None) -> int:
         """Runs until drained by a signal or `request_shutdown`, until `until()` is true with no
-        trial left, or until idle for `exit_when_idle_seconds`. Answers an exit status."""
+        trial left, or until idle for `exit_when_idle_seconds`. Answers an exit status. Raises
+        ConfinementError before anything starts when the worker must not run as configured."""
+        refusal = confinement_refusal(self.options)
+        if refusal is not None:
+            raise ConfinementError(refusal)
         self._connect()
         restore = self._install_signal_handlers()
         try:
@@ -327,6 +355,8 @@ class Worker:
                     "num_gpus": opts.num_gpus,
                     "object_store_memory": opts.object_store_memory,
                 }
+                if os.geteuid() == 0:
+                    local["_temp_dir"] = str(private_ray_temp_dir())
             ray.init(
                 address=opts.ray_address,
                 include_dashboard=False,
@@ -336,6 +366,15 @@ class Worker:
                 **local,
             )
             self._owns_ray = True
+        _log.info(
+            "trial processes: %s; each attempt ends by %s; at most %d processes%s",
+            f"run as {opts.run_as}" if opts.run_as is not None else "run as this worker's user",
+            mechanism(opts.run_as is not None),
+            opts.limits.processes,
+            f", {opts.limits.memory_bytes / 2**30:g} GiB" if opts.limits.memory_bytes else "",
+        )
+        if opts.run_as is not None:
+            warn_if_ray_reachable()
         self._capacity = Capacity(exclusive=self._owns_ray and opts.ray_address is None)
         self._jobs = JobSettings(
             opts.artifact_root.absolute(),
@@ -347,6 +386,7 @@ class Worker:
             opts.stop_grace_seconds,
             opts.run_as,
             opts.pass_env,
+            opts.limits,
         )
         # Ray Train's driver side, loaded here rather than inside the first DDP trial's start.
         importlib.import_module("ray.train.torch")
@@ -400,3 +440,38 @@ def warm_up(timeout: float = 60.0) -> None:
     slots = int(min(16, ray.cluster_resources().get("CPU", 1)))
     refs = [_warm.remote() for _ in range(max(1, slots))]
     ray.wait(refs, num_returns=len(refs), timeout=timeout)
+
+
+def private_ray_temp_dir() -> Path:
+    """Where a local Ray instance started by a root worker keeps its sockets and logs: below a
+    root-owned 0700 folder, so no trial user can enter it (Ray makes its session folders 0777: a
+    trial that could reach them could move the raylet's socket and cut the node off)."""
+    import tempfile
+
+    parent = Path(tempfile.gettempdir()) / "hpo-ray"
+    parent.mkdir(mode=0o700, exist_ok=True)
+    info = parent.lstat()
+    if info.st_uid != 0 or not parent.is_dir() or parent.is_symlink():
+        raise ConfinementError(f"{parent} must be a folder owned by root")
+    os.chmod(parent, 0o700)
+    return parent / "ray"
+
+
+def warn_if_ray_reachable() -> None:
+    """Warns when trial users could enter the folder of this node's Ray session (its sockets)."""
+    try:
+        session = Path(ray._private.worker._global_node.get_session_dir_path())  # type: ignore[attr-defined]
+    except Exception:  # a Ray without this internal: nothing to check
+        return
+    for folder in [session, *session.parents]:
+        try:
+            info = folder.stat()
+        except OSError:
+            return
+        if info.st_uid == 0 and not info.st_mode & 0o001:
+            return  # a root folder others cannot pass through
+    _log.warning(
+        "trial users can reach this node's Ray session in %s (its sockets); start Ray with --temp-dir "
+        "below a root-owned 0700 folder (docs/security.md)",
+        session,
+    )

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .artifacts import checkpoint_uri
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
@@ -35,6 +35,7 @@ _log = logging.getLogger("hpo.worker.reporter")
 # its throughput to them, at 5,000 (one batch every 2 s) nothing measurable.
 FLUSH_POINTS = 5000
 FLUSH_SECONDS = 2.0
+MAX_LINE_BYTES = 64 * 1024
 
 
 @dataclass
@@ -55,25 +56,36 @@ class Undelivered:
 
 class MetricsTail:
     """Whole lines of a JSON-lines metrics file from a byte offset. A line without its newline is
-    left for later (the writer may be mid-line); unparsable lines are skipped with a warning."""
+    left for later (the writer may be mid-line); unparsable lines are skipped with a warning.
+    `opener` opens the file (None when it is not there); by default, by its path. The supervisor
+    passes one that never follows a link in the trial's folder (worker/trial_tree.py)."""
 
-    def __init__(self, path: Path, max_points: int = 5000) -> None:
+    def __init__(self, path: Path, max_points: int = 5000, opener: Callable[[], BinaryIO | None] | None = None) -> None:
         self.path = path
         self.max_points = max_points
         self.offset = 0
+        self.opener = opener or self._open
+
+    def _open(self) -> BinaryIO | None:
+        try:
+            return self.path.open("rb")
+        except FileNotFoundError:
+            return None
 
     def read(self) -> tuple[list[dict[str, Any]], int]:
         """Up to `max_points` points after `offset`, and the offset just past them (not yet taken)."""
         points: list[dict[str, Any]] = []
         end = self.offset
-        try:
-            handle = self.path.open("rb")
-        except FileNotFoundError:
+        handle = self.opener()
+        if handle is None:
             return points, end
         with handle:
             handle.seek(self.offset)
             while len(points) < self.max_points:
-                line = handle.readline()
+                line = handle.readline(MAX_LINE_BYTES)
+                if len(line) == MAX_LINE_BYTES and not line.endswith(b"\n"):
+                    end += len(line)  # no point is this long: skipped in pieces, never held whole
+                    continue
                 if not line.endswith(b"\n"):
                     break
                 end += len(line)

@@ -42,12 +42,15 @@ from .command import (
     CONFIG_FILE,
     DEFAULT_SILENCE_TIMEOUT_SECONDS,
     DEFAULT_STOP_GRACE_SECONDS,
+    METRICS_FILE,
     CommandRun,
     CommandSettings,
     is_command,
     spec_environment,
+    worker_dir,
 )
 from .confine import ConfinementError, Identity, RunAs
+from .containment import Limits
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS, HttpReporter, Undelivered
 
 _log = logging.getLogger("hpo.worker.runner")
@@ -83,6 +86,8 @@ class TrialJob:
     # variables (globs) the operator passes to them beyond the fixed allow-list.
     run_as: RunAs | None = None
     pass_env: tuple[str, ...] = ()
+    # What one process of the trial may hold (the operator's maximum, the study's own within it).
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def name(self) -> str:
@@ -176,11 +181,11 @@ class BoardPoller:
 def run_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | None = None) -> Outcome | None:
     """Runs one process of the trial, in a process of its own (worker/confine.py): its command, or
     the workload's trainer through `hpo.worker.trial_main`. Rank 0 tails its files into an
-    `HttpReporter` and answers the Outcome; another rank writes under `out_dir/ranks/rank-<r>` (only
+    `HttpReporter` and answers the Outcome; another rank writes `attempt-<n>.rank-<r>` beside it (only
     rank 0's files count), answers None, and raises when its process failed, so that Ray Train
     ends the group instead of rank 0 waiting in a collective."""
     started = time.time()
-    out_dir = Path(job.out_dir) if rank == 0 else Path(job.out_dir) / "ranks" / f"rank-{rank}"
+    out_dir = rank_dir(Path(job.out_dir), rank)
     poller = BoardPoller(job.board, job.lease_id)
     try:
         with _identity(job) as identity:
@@ -205,6 +210,13 @@ def run_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | None = Non
         if rank != 0:
             raise
         return Outcome("config", str(exc))
+
+
+def rank_dir(out_dir: Path, rank: int) -> Path:
+    """Rank 0 writes the attempt's folder; rank r a sibling `attempt-<n>.rank-<r>` (only rank 0's
+    files count). Never inside rank 0's folder: each rank runs as a uid of its own, and a folder
+    one trial user owns is no place for another rank's supervisor to make folders in."""
+    return out_dir if rank == 0 else out_dir.with_name(f"{out_dir.name}.rank-{rank}")
 
 
 @contextlib.contextmanager
@@ -244,6 +256,8 @@ def _process_settings(
         identity=identity,
         pass_env=job.pass_env,
         collector=collector,
+        log_dir=worker_dir(out_dir),
+        limits=job.limits,
         stop_grace_seconds=job.stop_grace_seconds,
         silence_timeout_seconds=float(trainer.get("silence_timeout_seconds") or DEFAULT_SILENCE_TIMEOUT_SECONDS),
     )
@@ -257,7 +271,7 @@ def _builtins(job: TrialJob, out_dir: Path) -> dict[str, str]:
         "seed": str(job.config.get("seed", 0)),
         "out_dir": str(out_dir),
         "resume_from": str(trainer.get("resume_from") or ""),
-        "config": str(out_dir / CONFIG_FILE),
+        "config": str(worker_dir(out_dir) / CONFIG_FILE),
         "python": sys.executable,
     }
 
@@ -271,13 +285,13 @@ def _supervise_here() -> None:
 
 
 def _rank0_reporter(job: TrialJob, out_dir: Path, poller: BoardPoller) -> HttpReporter:
-    """Rank 0's delivery of `out_dir/metrics.jsonl` and checkpoints to the server, started."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Rank 0's delivery of the points the supervisor accepted (`attempt-<n>.worker/metrics.jsonl`)
+    and checkpoints to the server, started."""
     return HttpReporter(
         job.client,
         job.trial_id,
         job.lease_id,
-        out_dir / "metrics.jsonl",
+        worker_dir(out_dir) / METRICS_FILE,
         Path(job.artifact_root),
         poller,
         flush_points=job.flush_points,
@@ -417,7 +431,8 @@ def fit_ddp(job: TrialJob) -> None:
         scaling_config=ScalingConfig(num_workers=job.processes, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name=job.name,
-            storage_path=str(Path(job.out_dir) / "ray-train"),
+            # Ray Train's records are the worker's: beside the trial's folder, never in it.
+            storage_path=str(worker_dir(Path(job.out_dir)) / "ray-train"),
             failure_config=FailureConfig(max_failures=0),
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=job.collective_timeout_s),

@@ -15,6 +15,7 @@ from .capacity import Footprint
 from .client import Backoff, LeaseLost, ProtocolError, ServerClient, ServerUnavailable
 from .command import DEFAULT_STOP_GRACE_SECONDS, is_command, resolve_workdir
 from .confine import RunAs
+from .containment import Limits
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
 from .runner import Execution, Outcome, TrialJob
 
@@ -39,6 +40,7 @@ class JobSettings:
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
     run_as: RunAs | None = None
     pass_env: tuple[str, ...] = ()
+    limits: Limits = Limits()
 
 
 def build_job(claim: dict[str, Any], settings: JobSettings) -> TrialJob:
@@ -79,7 +81,17 @@ def build_job(claim: dict[str, Any], settings: JobSettings) -> TrialJob:
         stop_grace_seconds=settings.stop_grace_seconds,
         run_as=settings.run_as,
         pass_env=settings.pass_env,
+        limits=trial_limits(settings.limits, config.get("resources") or {}),
     )
+
+
+def trial_limits(maximum: Limits, resources: dict[str, Any]) -> Limits:
+    """The study's `resources.max_processes` and `resources.memory_gb`, within the worker's maximum
+    (values the server did not check count as not given)."""
+    processes, memory = resources.get("max_processes"), resources.get("memory_gb")
+    processes = processes if isinstance(processes, int) and processes > 0 else None
+    memory_bytes = int(memory * 2**30) if isinstance(memory, (int, float)) and memory > 0 else None
+    return maximum.within(processes, memory_bytes)
 
 
 class CommandRefused(ValueError):

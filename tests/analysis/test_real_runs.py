@@ -44,6 +44,7 @@ def run_study(env: Any, spec: dict[str, Any]) -> int:
     study = create_study(http, spec)
     prefixes = (shlex.join(spec["trainer"]["command"][:2]),) if "command" in spec["trainer"] else ()
     options = WorkerOptions(
+        unconfined=True,
         server_url=server.url,
         artifact_root=settings.artifact_root,
         idle_poll_seconds=0.2,
@@ -169,6 +170,7 @@ def test_replicas_of_a_script_that_ignores_the_seed_give_no_verdict(env: Any) ->
             assert reply.status_code == 201, reply.text
         studies[fixed] = study["id"]
     options = WorkerOptions(
+        unconfined=True,
         server_url=server.url,
         artifact_root=settings.artifact_root,
         idle_poll_seconds=0.2,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,7 +134,7 @@ def test_worker_joining_a_ray_address_where_nothing_listens(
     live_server: LiveServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = free_port()
-    assert main(["worker", "--server", live_server.url, "--ray-address", f"127.0.0.1:{port}"]) == 2
+    assert main(["worker", "--unconfined", "--server", live_server.url, "--ray-address", f"127.0.0.1:{port}"]) == 2
     err = _one_line(capsys)
     assert f"--ray-address 127.0.0.1:{port}: nothing answers there" in err
     assert f"ray start --head --port={port}" in err
@@ -260,3 +261,15 @@ def test_a_port_that_does_not_speak_http_is_one_line_not_a_traceback(
     assert "not an hpo server" in _one_line(capsys)
     assert main(["worker", "--server", not_http]) == 2
     assert "not an hpo server" in _one_line(capsys)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusals are a root worker's (CI runs as root)")
+def test_a_root_worker_refuses_to_run_trials_as_root_or_to_share_one_user(
+    live_server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["worker", "--server", live_server.url]) == 2
+    err = _one_line(capsys)
+    assert "--run-as FIRST-LAST" in err and "--unconfined" in err, err
+    assert main(["worker", "--server", live_server.url, "--run-as", "nobody", "--max-trials", "2"]) == 2
+    err = _one_line(capsys)
+    assert "--run-as nobody is one user" in err and "--max-trials 1" in err, err

@@ -157,17 +157,19 @@ def test_the_names_read_are_written_at_exit_for_the_worker(tmp_path: Path) -> No
 
 def test_the_worker_reports_names_passed_by_no_placeholder_and_read_by_no_session(tmp_path: Path) -> None:
     from hpo.worker.command import unread_hyperparameters
+    from hpo.worker.trial_tree import TrialTree
 
+    tree = TrialTree.open(tmp_path)
     params = {"lr": 0.1, "momentum": 0.9, "width": 64}
     placeholders = {"params": params, "trainer": {"command": ["{python}", "train.py", "--lr={lr}"]}}
     plain = {"params": params, "trainer": {"command": ["{python}", "train.py"]}}
-    assert unread_hyperparameters(tmp_path, placeholders) == ["momentum", "width"]
-    assert unread_hyperparameters(tmp_path, plain) is None, "neither path in use: unknown"
-    assert unread_hyperparameters(tmp_path, {"params": params}) is None, "the built-in trainer checks its own names"
+    assert unread_hyperparameters(tree, placeholders) == ["momentum", "width"]
+    assert unread_hyperparameters(tree, plain) is None, "neither path in use: unknown"
+    assert unread_hyperparameters(tree, {"params": params}) is None, "the built-in trainer checks its own names"
     (tmp_path / "params_read.json").write_text(json.dumps({"read": ["momentum", "not-a-param", 7]}))
-    assert unread_hyperparameters(tmp_path, placeholders) == ["width"]
-    assert unread_hyperparameters(tmp_path, plain) == ["lr", "width"]
+    assert unread_hyperparameters(tree, placeholders) == ["width"]
+    assert unread_hyperparameters(tree, plain) == ["lr", "width"]
     all_args = {"params": params, "trainer": {"command": ["{python}", "train.py", "{args}"]}}
-    assert unread_hyperparameters(tmp_path, all_args) == []
+    assert unread_hyperparameters(tree, all_args) == []
     (tmp_path / "params_read.json").write_text("[not json")
-    assert unread_hyperparameters(tmp_path, plain) is None
+    assert unread_hyperparameters(tree, plain) is None

@@ -88,7 +88,7 @@ def test_a_script_that_exits_0_completes_with_every_point_and_the_best_checkpoin
     recorded = [s for s, _, _ in rec.checkpoints]
     assert recorded[-1] == 40 and best in recorded and set(recorded) <= {10, 20, 30, 40}
     assert all(objective == values[s] for s, _, objective in rec.checkpoints), "objective read with the record"
-    written = json.loads((tmp_path / "out" / "hpo-config.json").read_text())
+    written = json.loads((tmp_path / "out.worker" / "hpo-config.json").read_text())
     assert written["params"] == {} and written["resume_from"] is None and written["seed"] == 7
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
+from hpo.worker.command import worker_dir
 from hpo.worker.loop import Worker, WorkerOptions
 from tests.conftest import LiveServer
 from tests.worker.conftest import (
@@ -77,6 +78,7 @@ def run_worker(url: str, settings: Settings, until: Any, **options: Any) -> Work
     client = SilentClient(url) if options.pop("silent", False) else None
     worker = Worker(
         WorkerOptions(
+            unconfined=True,
             server_url=url,
             artifact_root=settings.artifact_root,
             idle_poll_seconds=0.2,
@@ -158,7 +160,7 @@ def test_a_cancelled_script_that_ignores_sigterm_is_killed_after_the_grace_perio
 def start_worker(url: str, ray_address: str, settings: Settings) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "hpo.cli", "worker", "--server", url, "--ray-address", ray_address,
-        "--max-trials", "1", "--exit-when-idle", "60", "--log-level", "warning",
+        "--max-trials", "1", "--exit-when-idle", "60", "--log-level", "warning", "--unconfined",
         "--allow-command", ALLOW[0], "--workdir-root", str(WORKDIR_ROOT),
     ]  # fmt: skip
     env = {**os.environ, "HPO_ARTIFACT_ROOT": str(settings.artifact_root)}
@@ -272,7 +274,7 @@ def test_checkpoint_records_follow_the_scripts_own_deletions_and_a_killed_trial_
     done = http.get(f"{API}/trials/{trial['id']}").json()
     assert (done["status"], done["attempt"]) == ("completed", 2), done
     attempt2 = settings.artifact_root / "trials" / str(trial["id"]) / "attempt-2"
-    resume_from = json.loads((attempt2 / "hpo-config.json").read_text())["resume_from"]
+    resume_from = json.loads((worker_dir(attempt2) / "hpo-config.json").read_text())["resume_from"]
     assert resume_from is not None and Path(resume_from).is_dir(), f"resumed from {resume_from!r}"
     assert first_step_of(settings, trial["id"], 2) > 1, "attempt 2 started from scratch"
     records = http.get(f"{API}/trials/{trial['id']}/checkpoints").json()

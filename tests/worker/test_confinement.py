@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ ESCAPE = HOSTILE / "escape.py"
 
 def _options(url: str, artifacts: Path, policy: ExecutionPolicy, **more: Any) -> WorkerOptions:
     return WorkerOptions(
+        unconfined=True,
         server_url=url,
         artifact_root=artifacts,
         idle_poll_seconds=0.2,
@@ -280,15 +280,117 @@ def test_a_specs_env_may_neither_override_the_worker_nor_load_code(settings: Set
                 assert http.post(f"{API}/studies", json=opted_in).status_code == 201
 
 
-def test_sealed_attempt_folders_refuse_writes_to_their_owner(tmp_path: Path) -> None:
-    """Without --run-as the worker's own user could still write where a trial wrote; `seal` takes
-    the write bits away once the attempt's processes are gone."""
-    from hpo.worker.confine import seal
+# -- the supervisor against its own trial (run as root under --run-as, as in CI) -------------------
 
-    attempt = tmp_path / "attempt-1"
-    (attempt / "checkpoints").mkdir(parents=True)
-    (attempt / "metrics.jsonl").write_text("")
-    seal(attempt)
-    for path in (attempt, attempt / "checkpoints", attempt / "metrics.jsonl"):
-        mode = stat.S_IMODE(path.stat().st_mode)
-        assert not mode & 0o222 and mode & 0o444, oct(mode)
+ATTACKS = HOSTILE / "attacks.py"
+RANGE = range(20000, 20004)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--run-as needs root (CI runs as root)")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"the trial users' Python {SYSTEM_PYTHON}")
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_trial_cannot_turn_its_root_supervisor_against_the_node(settings: Settings, shared_folder: Path) -> None:
+    """Each escape of a root supervisor that follows the trial's paths, or outlives nothing but a
+    /proc scan, or sets no limit: every one fails under `--run-as FIRST-LAST`."""
+    from hpo.worker.containment import alive_of_uid
+
+    shutil.copy(ATTACKS, shared_folder / "attacks.py")
+    shutil.copy(HOSTILE / "hopper.py", shared_folder / "hopper.py")
+    db = Database(settings.database_url)
+    db.upgrade()
+    _, writer = auth.create_token(db, "write")
+    _, worker_token = auth.create_token(db, "worker")
+    db.dispose()
+    token_file = shared_folder / "worker.token"
+    token_file.write_text(worker_token)
+    token_file.chmod(0o600)
+    # Root's own: a file in a folder only root may enter, and another trial's sealed checkpoints.
+    private = shared_folder / "root-only"
+    private.mkdir(mode=0o700)
+    victim = private / "victim.jsonl"
+    victim.write_text("root's line\n")
+    victim.chmod(0o600)
+    sealed = shared_folder / "sealed-checkpoints"
+    sealed.mkdir()
+    for step in range(1, 6):
+        (sealed / f"step-{step}.pt").write_text(f"checkpoint {step}")
+        (sealed / f"step-{step}.pt").chmod(0o444)
+    sealed.chmod(0o555)
+    hops = shared_folder / "hops"
+    hops.mkdir(mode=0o777)
+    hops.chmod(0o777)
+    prefix = [SYSTEM_PYTHON, str(shared_folder / "attacks.py")]
+    policy = ExecutionPolicy(command_prefixes=(tuple(prefix),))
+    fixed = {
+        "token_file": str(token_file),
+        "victim": str(victim),
+        "victim_checkpoints": str(sealed),
+        "beat": str(hops / "beat"),
+        "ray_parent": str(Path(tempfile.gettempdir()) / "hpo-ray"),
+    }
+    attacks = _study("attacks", {"command": prefix, "metrics": "stdout", "keep_best_checkpoints": 1})
+    attacks.update(num_trials=1, max_attempts=1)
+    kinds = ["links", "collector", "checkpoints", "hopper"]
+    attacks["hyperparameters"] += [
+        {"name": "attack", "role": "scientific", "type": "categorical", "values": kinds},
+        *({"name": name, "role": "fixed", "value": value} for name, value in fixed.items()),
+    ]
+    limits = _study("limits", {"command": prefix}, num_trials=1, max_attempts=1)
+    limits["resources"].update(max_processes=40, memory_gb=0.25)
+    limits["hyperparameters"].append({"name": "attack", "role": "fixed", "value": "limits"})
+    with (
+        LiveServer(dataclasses.replace(settings, execution_policy=policy)) as live,
+        httpx.Client(base_url=live.url, timeout=30, headers={"Authorization": f"Bearer {writer}"}) as http,
+    ):
+        ids = []
+        for spec in (attacks, limits):
+            response = http.post(f"{API}/studies", json=spec)
+            assert response.status_code == 201, response.text
+            ids.append(response.json()["id"])
+        worker = _start_cli_worker(live.url, shared_folder, token_file, prefix, {})
+        try:
+            for study_id in ids:
+                wait_until(study_done(http, study_id), 180, "the hostile studies to finish")
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            output = worker.communicate(timeout=60)[0]
+            (hops / "stop").write_text("")
+        done = {t["params"]["attack"]: t for study_id in ids for t in trials(http, study_id)}
+        details = {attack: http.get(f"{API}/trials/{t['id']}").text for attack, t in done.items()}
+        collected = metric_steps(http, done["collector"]["id"], "valid/error_rate")
+    assert worker_token not in output, "the worker logged its token"
+    for attack, text in details.items():
+        assert worker_token not in text, f"the {attack} trial's record quotes the worker's token"
+
+    def findings(attack: str) -> dict[str, Any]:
+        folder = shared_folder / "artifacts" / "trials" / str(done[attack]["id"]) / "attempt-1"
+        return dict(json.loads((folder / "findings.json").read_text()))
+
+    # 1. Failure reasons quote the worker's own capture of stderr, never a file the trial replaced.
+    assert done["links"]["status"] == "failed", done["links"]
+    assert "an honest line of stderr" in details["links"], details["links"]
+    links = findings("links")
+    assert links["uid"] in RANGE
+    assert not links["worker_dir_writable"] and not links["worker_stderr_writable"]
+    assert not links["worker_stderr_replaced"], "the trial replaced the worker's record of its stderr"
+    assert not links["ray_session_listed"], "the trial entered the folder of the worker's Ray session"
+    # 2. No root write through a link; the collected point still counts.
+    assert done["collector"]["status"] == "completed", done["collector"]
+    assert victim.read_text() == "root's line\n", "root appended the trial's points to a root-only file"
+    assert sorted(p.name for p in private.iterdir()) == ["victim.jsonl"]
+    assert collected == [(1, 0.25)]
+    # 4. Retention deletes nothing outside the trial's own checkpoints.
+    assert done["checkpoints"]["status"] == "completed", done["checkpoints"]
+    assert sorted(p.name for p in sealed.iterdir()) == [f"step-{s}.pt" for s in range(1, 6)]
+    # 3. Nothing of an attempt outlives it, hopper included.
+    assert done["hopper"]["status"] == "completed", done["hopper"]
+    assert (hops / "beat").exists(), "the hopper never ran, so this test proves nothing"
+    size = (hops / "beat").stat().st_size
+    time.sleep(1.0)
+    assert (hops / "beat").stat().st_size == size, "the hopper outlived its attempt"
+    assert [pid for uid in RANGE for pid in alive_of_uid(uid)] == [], "a trial's process outlived its attempt"
+    # 5. Bounded: processes by the study's max_processes, memory by its memory_gb.
+    bounded = findings("limits")
+    assert 0 < bounded["forked"] < 40, bounded
+    assert bounded.get("allocated_mb", 0) < 512, bounded
+    assert done["limits"]["status"] == "failed", done["limits"]

@@ -95,12 +95,16 @@ def test_compose_commands_match_the_cli() -> None:
                 if args.command == "worker":
                     assert args.server == [f"http://server:{_server_port()}"]  # --server repeats (several servers)
                     assert args.ray_address in ("auto", "ray-head:6379")
+                    # trials as uids of their own, one per running trial (docs/security.md)
+                    assert args.run_as and "-" in args.run_as and not args.unconfined, args
             elif argv[:2] == ["ray", "start"]:
                 ray_start.make_context("start", argv[2:])  # click raises on an unknown option
+                assert "--temp-dir=/var/lib/hpo-ray/ray" in argv, f"{name}: Ray's sockets below a root-only folder"
                 seen.add(f"ray {'head' if '--head' in argv else 'node'}")
             else:
                 pytest.fail(f"service {name} runs {argv[0]!r}, neither hpo nor ray")
     assert seen == {"server", "worker", "token", "ray head", "ray node"}
+    assert "mkdir -m 0700 -p /var/lib/hpo-ray" in (REPO / "Dockerfile").read_text()
 
 
 def _server_port() -> str:

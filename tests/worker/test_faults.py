@@ -93,6 +93,7 @@ def start_worker(url: str, ray_address: str, settings: Settings, trainer: str) -
         "-m",
         "hpo.cli",
         "worker",
+        "--unconfined",
         "--server",
         url,
         "--ray-address",
@@ -113,6 +114,7 @@ def start_worker(url: str, ray_address: str, settings: Settings, trainer: str) -
 def run_to_the_end(url: str, settings: Settings, http: httpx.Client, study_id: int, trainer: str) -> None:
     """Another worker (in this process) finishes the study."""
     options = WorkerOptions(
+        unconfined=True,
         server_url=url,
         artifact_root=settings.artifact_root,
         trainer=trainer,

@@ -45,6 +45,7 @@ def test_the_lightning_and_hugging_face_examples_run_as_studies(ray_address: str
     with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
         ids = [create_study(http, spec)["id"] for spec in specs]
         options = WorkerOptions(
+            unconfined=True,
             server_url=server.url,
             artifact_root=settings.artifact_root,
             idle_poll_seconds=0.2,

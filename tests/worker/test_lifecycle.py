@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 def run_worker(url: str, root: Path, until: Any, **options: Any) -> Worker:
     worker = Worker(
         WorkerOptions(
+            unconfined=True,
             server_url=url,
             artifact_root=root,
             trainer=FAKE_TRAINER,

@@ -69,6 +69,7 @@ def test_os_system_never_runs_unless_the_workers_operator_allows_it(
             study = http.post(f"{API}/studies", json=system_study(name, marker))
             assert study.status_code == 201, study.text
             options = WorkerOptions(
+                unconfined=True,
                 server_url=live.url,
                 token=worker_token,
                 artifact_root=settings.artifact_root,

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from hpo.settings import Settings
+from hpo.worker.command import worker_dir
 from hpo.worker.loop import Worker, WorkerOptions
 from tests.conftest import ON_POSTGRES_ONLY, LiveServer
 from tests.worker.conftest import API, REPO, TESTS_ALLOWED, create_study, metric_steps, study_done, trials
@@ -50,7 +51,11 @@ def env(ray_address: str, database_url: str, tmp_path: Path) -> Any:
 
 def run(server: LiveServer, settings: Settings, until: Any) -> Worker:
     options = WorkerOptions(
-        server_url=server.url, artifact_root=settings.artifact_root, idle_poll_seconds=0.2, policy=TESTS_ALLOWED
+        unconfined=True,
+        server_url=server.url,
+        artifact_root=settings.artifact_root,
+        idle_poll_seconds=0.2,
+        policy=TESTS_ALLOWED,
     )
     worker = Worker(options)
     worker.run(until=until)
@@ -123,7 +128,9 @@ def test_ddp_trial_runs_under_ray_train(env: Any) -> None:
     assert trial["status"] == "completed", trial
     assert [s for s, _ in metric_steps(http, trial["id"], "train/loss")] == list(range(1, STEPS + 1))
     attempt = settings.artifact_root / "trials" / str(trial["id"]) / "attempt-1"
-    assert (attempt / "metrics.jsonl").exists() and (attempt / "ray-train").is_dir()
+    # Ray Train's records are the worker's, beside the trial's folder (docs/security.md)
+    assert (attempt / "metrics.jsonl").exists() and (worker_dir(attempt) / "ray-train").is_dir()
+    assert not (attempt / "ray-train").exists()
     assert worker.stats.claimed == 1
 
 

@@ -36,7 +36,9 @@ def env(ray_address: str, tmp_path: Path) -> Any:
 
 
 def run_worker(server: LiveServer, settings: Settings, until: Any) -> None:
-    options = WorkerOptions(server_url=server.url, artifact_root=settings.artifact_root, idle_poll_seconds=0.2)
+    options = WorkerOptions(
+        unconfined=True, server_url=server.url, artifact_root=settings.artifact_root, idle_poll_seconds=0.2
+    )
     Worker(options).run(until=until)
 
 

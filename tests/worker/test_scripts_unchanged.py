@@ -6,6 +6,8 @@ a Ray worker and real script processes."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from hpo.command_template import TemplateError, expand, template_errors
 from hpo.policy import ExecutionPolicy
 from hpo.settings import Settings
 from hpo.worker.collectors import StdoutCollector, TensorBoardCollector
+from hpo.worker.command import worker_dir
 from hpo.worker.loop import Worker, WorkerOptions
 from tests.conftest import LiveServer
 from tests.worker.conftest import REPO, create_study, metric_steps, study_done, trials
@@ -50,27 +53,23 @@ def test_a_placeholder_naming_no_hyperparameter_is_refused() -> None:
 
 
 def test_the_stdout_collector_reads_key_value_lines_and_patterns(tmp_path: Path) -> None:
-    out, metrics = tmp_path / "stdout.log", tmp_path / "metrics.jsonl"
+    out = tmp_path / "stdout.log"
     out.write_text(
         "loading data...\n"
         "step=5 train/loss=2.25 lr=0.1\n"
         "epoch 1: step=23 valid/loss=0.5 valid/error_rate=nan\n"
         "step=24 train/loss=1.5e-1"  # no newline yet: being written
     )
-    collector = StdoutCollector(out, metrics)
-    assert collector.collect() == 4
-    points = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert points[:2] == [
-        {"step": 5, "name": "train/loss", "value": 2.25},
-        {"step": 5, "name": "lr", "value": 0.1},
-    ]
-    assert points[3] == {"step": 23, "name": "valid/error_rate", "value": "NaN"}
+    collector = StdoutCollector(out)
+    points = collector.collect()
+    assert len(points) == 4
+    assert points[:2] == [(5, "train/loss", 2.25), (5, "lr", 0.1)]
+    assert points[3][:2] == (23, "valid/error_rate") and math.isnan(points[3][2])
     with out.open("a") as handle:
         handle.write("\n")
-    assert collector.collect() == 1
-    katib = StdoutCollector(out, tmp_path / "k.jsonl", r"(?P<name>[a-z/_]+)\s*=\s*(?P<value>[-+.\deE]+)")
-    katib.collect()
-    names = [json.loads(line)["name"] for line in (tmp_path / "k.jsonl").read_text().splitlines()]
+    assert collector.collect() == [(24, "train/loss", 0.15)]
+    katib = StdoutCollector(out, r"(?P<name>[a-z/_]+)\s*=\s*(?P<value>[-+.\deE]+)")
+    names = [name for _, name, _ in katib.collect()]
     assert "train/loss" in names and "step" not in names
 
 
@@ -85,21 +84,41 @@ def test_the_collector_setting_is_checked() -> None:
 def test_the_tensorboard_collector_reads_scalars_as_they_are_written(tmp_path: Path) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
+    from hpo.worker.trial_tree import TrialTree
+
     writer = SummaryWriter(str(tmp_path / "tb"))
     writer.add_scalar("train/loss", 0.75, 1)
     writer.flush()
-    collector = TensorBoardCollector(tmp_path, tmp_path / "metrics.jsonl")
-    assert collector.collect() == 1
-    writer.add_scalar("train/loss", 0.5, 2)
-    writer.add_scalar("valid/error_rate", 0.25, 2)
+    with TrialTree.open(tmp_path) as tree:
+        collector = TensorBoardCollector(tree)
+        assert collector.collect() == [(1, "train/loss", 0.75)]
+        writer.add_scalar("train/loss", 0.5, 2)
+        writer.add_scalar("valid/error_rate", 0.25, 2)
+        writer.close()
+        assert collector.collect() == [(2, "train/loss", 0.5), (2, "valid/error_rate", 0.25)]
+        collector.close()
+
+
+def test_the_tensorboard_collector_follows_no_link_the_trial_planted(tmp_path: Path) -> None:
+    """An event file that is a link to a file elsewhere (the worker's token, another trial's events)
+    is never read, nor a FIFO (which would block the supervisor)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from hpo.worker.trial_tree import TrialTree
+
+    elsewhere = tmp_path / "elsewhere"
+    writer = SummaryWriter(str(elsewhere))
+    writer.add_scalar("valid/error_rate", 0.01, 1)
     writer.close()
-    assert collector.collect() == 2
-    points = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert points == [
-        {"step": 1, "name": "train/loss", "value": 0.75},
-        {"step": 2, "name": "train/loss", "value": 0.5},
-        {"step": 2, "name": "valid/error_rate", "value": 0.25},
-    ]
+    (event,) = elsewhere.glob("events.out.tfevents.*")
+    attempt = tmp_path / "attempt-1"
+    (attempt / "tb").mkdir(parents=True)
+    (attempt / "tb" / "events.out.tfevents.1.host.1.1").symlink_to(event)
+    (attempt / "tb-link").symlink_to(elsewhere, target_is_directory=True)
+    os.mkfifo(attempt / "tb" / "events.out.tfevents.2.host.2.2")
+    with TrialTree.open(attempt) as tree:
+        assert TensorBoardCollector(tree).collect() == []
+        assert TensorBoardCollector(tree, "tb-link").collect() == []
 
 
 # -- through the server and a real worker -------------------------------------------------------
@@ -123,6 +142,7 @@ def env(ray_address: str, tmp_path: Path) -> Any:
 def _run(server: LiveServer, http: httpx.Client, settings: Settings, spec: dict[str, Any], root: Path) -> int:
     study = create_study(http, spec)["id"]
     options = WorkerOptions(
+        unconfined=True,
         server_url=server.url,
         artifact_root=settings.artifact_root,
         idle_poll_seconds=0.2,
@@ -147,9 +167,9 @@ def test_the_argparse_example_runs_unchanged_with_placeholders_and_stdout(env: A
     assert [s for s, _ in metric_steps(http, trial["id"], "train/loss")] == list(range(5, 47, 5))
     assert trial["objective_value"] < 0.85, "better than chance (0.9)"
     attempt = settings.artifact_root / "trials" / str(trial["id"]) / "attempt-1"
-    argv = (attempt / "stdout.log").read_text()
+    argv = (worker_dir(attempt) / "stdout.log").read_text()
     assert "step=46" in argv
-    config = json.loads((attempt / "hpo-config.json").read_text())
+    config = json.loads((worker_dir(attempt) / "hpo-config.json").read_text())
     assert config["params"]["learning_rate"] == trial["params"]["learning_rate"]
 
 

@@ -128,7 +128,7 @@ def test_a_ddp_trial_spans_both_nodes(two_nodes: Cluster, server: LiveServer, tm
     study = create_study(http, _ddp_spec())
     artifacts = tmp_path / "artifacts"
     worker = subprocess.Popen(
-        [HPO, "worker", "--server", f"127.0.0.1:{server.port}", "--ray-address", two_nodes.address]
+        [HPO, "worker", "--unconfined", "--server", f"127.0.0.1:{server.port}", "--ray-address", two_nodes.address]
         + ["--artifact-root", str(artifacts), "--trainer", "tests.worker.node_trainer:train"]
         + ["--no-warm-up", "--exit-when-idle", "3", "--log-level", "warning"],
         env=two_nodes.env,
@@ -156,7 +156,7 @@ def test_a_wrong_ray_token_is_one_line(two_nodes: Cluster, server: LiveServer) -
     env = {**two_nodes.env, "RAY_AUTH_TOKEN": secrets.token_hex(16)}
     started = time.monotonic()
     done = subprocess.run(
-        [HPO, "worker", "--server", server.url, "--ray-address", two_nodes.address, "--no-warm-up"],
+        [HPO, "worker", "--unconfined", "--server", server.url, "--ray-address", two_nodes.address, "--no-warm-up"],
         env=env,
         capture_output=True,
         text=True,
@@ -180,7 +180,7 @@ def _output(process: subprocess.Popen[str]) -> str:
 
 def test_ctrl_c_stops_the_worker_with_130(two_nodes: Cluster, server: LiveServer) -> None:
     worker = subprocess.Popen(
-        [HPO, "worker", "--server", server.url, "--ray-address", two_nodes.address, "--no-warm-up"],
+        [HPO, "worker", "--unconfined", "--server", server.url, "--ray-address", two_nodes.address, "--no-warm-up"],
         env=two_nodes.env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
