@@ -16,6 +16,7 @@ from hpo.settings import Settings
 
 from . import charts as chart_data
 from . import leases, signing_key
+from . import studies as studies_service
 from .aio import AsyncDatabase
 from .analysis.keeper import Keeper
 from .api import analysis, charts, dashboard, errors, health, openapi, pipelines, signin, studies, trials, workers
@@ -89,6 +90,7 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
     app.state.db = db
     app.state.settings = settings
     app.state.server_settings = server
+    studies_service.configure(server.max_spec_cells)
     key = signing_key.load(settings.session_secret, server.secret_file)
     app.state.auth = authenticator = Authenticator(db, settings.api_token, key)
     errors.install(app)

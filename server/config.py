@@ -28,6 +28,9 @@ class ServerSettings:
     # Uploads in flight (requests whose body is still arriving) per token, per server process;
     # more of that token's answer 503 at once, other tokens' requests are served.
     max_uploads_per_token: int = 64
+    # Hyperparameter values a study's layout may hold (trials x hyperparameters); a spec past it
+    # is refused with 422 (`hpo.server.studies.cost_errors`).
+    max_spec_cells: int = 2_000_000
     # Metric points one trial may hold; a batch that would pass it is refused whole (413).
     max_points_per_trial: int = 5_000_000
     # The signing key's file when HPO_SESSION_SECRET is unset; None: `default_secret_file()`.
@@ -36,8 +39,8 @@ class ServerSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
         """Reads `HPO_HEADER_SECONDS`, `HPO_BODY_SECONDS`, `HPO_MAX_UNAUTHENTICATED`,
-        `HPO_MAX_UPLOADS_PER_TOKEN`, `HPO_MAX_POINTS_PER_TRIAL` and `HPO_SESSION_SECRET_FILE`; fails
-        fast naming the variable."""
+        `HPO_MAX_UPLOADS_PER_TOKEN`, `HPO_MAX_SPEC_CELLS`, `HPO_MAX_POINTS_PER_TRIAL` and
+        `HPO_SESSION_SECRET_FILE`; fails fast naming the variable."""
         env = os.environ if environ is None else environ
         defaults = cls()
         secret_file = env.get("HPO_SESSION_SECRET_FILE") or None
@@ -46,6 +49,7 @@ class ServerSettings:
             body_seconds=_number(env, "HPO_BODY_SECONDS", defaults.body_seconds),
             max_unauthenticated=_integer(env, "HPO_MAX_UNAUTHENTICATED", defaults.max_unauthenticated),
             max_uploads_per_token=_integer(env, "HPO_MAX_UPLOADS_PER_TOKEN", defaults.max_uploads_per_token),
+            max_spec_cells=_integer(env, "HPO_MAX_SPEC_CELLS", defaults.max_spec_cells),
             max_points_per_trial=_integer(env, "HPO_MAX_POINTS_PER_TRIAL", defaults.max_points_per_trial),
             session_secret_file=Path(secret_file).expanduser() if secret_file else None,
         )
@@ -62,6 +66,8 @@ class ServerSettings:
             raise SettingsError(
                 f"HPO_MAX_UPLOADS_PER_TOKEN must be between 1 and 100000, got {self.max_uploads_per_token}"
             )
+        if not 1 <= self.max_spec_cells <= 2**31 - 1:
+            raise SettingsError(f"HPO_MAX_SPEC_CELLS must be between 1 and 2147483647, got {self.max_spec_cells}")
         if not 1 <= self.max_points_per_trial <= 2**31 - 1:
             raise SettingsError(
                 f"HPO_MAX_POINTS_PER_TRIAL must be between 1 and 2147483647, got {self.max_points_per_trial}"

@@ -10,6 +10,7 @@ optimization algorithms during the exploration phase of tuning?")."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +77,28 @@ def layout_trials(spec: StudySpec, start_index: int, count: int) -> list[TrialDr
     within a point). A grid yields fewer drafts past its last point."""
     if count <= 0:
         return []
-    points = _unit_points(spec, start_index, count)
+    return _drafts_at(spec, start_index, _unit_points(spec, start_index, count))
+
+
+# Hyperparameter values per chunk of `layout_chunks`: a few megabytes of drafts at a time.
+CHUNK_VALUES = 50_000
+
+
+def layout_chunks(spec: StudySpec, start_index: int, count: int) -> Iterator[list[TrialDraft]]:
+    """`layout_trials(spec, start_index, count)` a chunk of points at a time (the same drafts in
+    the same order: one Halton sampler draws them in turn), each chunk about `CHUNK_VALUES`
+    hyperparameter values, so a caller storing each chunk holds one at a time."""
+    per_point = len(arms(spec)) * max(1, len(spec.hyperparameters))
+    step = max(1, CHUNK_VALUES // per_point)
+    sampler = _halton(spec, start_index)
+    for chunk in range(start_index, start_index + count, step):
+        drafts = _drafts_at(spec, chunk, _unit_points(spec, chunk, min(step, start_index + count - chunk), sampler))
+        if not drafts:
+            return  # a grid past its last point
+        yield drafts
+
+
+def _drafts_at(spec: StudySpec, start_index: int, points: list[list[float]]) -> list[TrialDraft]:
     names = dimensions(spec)
     # Which declarations apply to each arm is the same at every point: work it out once.
     per_arm = [(arm, [hp for hp in spec.hyperparameters if not hp.crossed and hp.holds(arm)]) for arm in arms(spec)]
@@ -128,7 +150,10 @@ def _scaled(scale: str, low: float, high: float, u: float) -> float:
     return low + u * (high - low)
 
 
-def _unit_points(spec: StudySpec, start: int, count: int) -> list[list[float]]:
+def _unit_points(spec: StudySpec, start: int, count: int, sampler: qmc.Halton | None = None) -> list[list[float]]:
+    """The unit points `start … start+count-1`; `sampler` (from `_halton`, already at `start`)
+    continues a Halton sequence instead of scrambling a new one (for d = 1,000 a new one costs more
+    than a thousand points)."""
     d = len(dimensions(spec))
     if spec.algorithm == "grid":
         return _grid_points(spec, start, count)
@@ -136,10 +161,21 @@ def _unit_points(spec: StudySpec, start: int, count: int) -> list[list[float]]:
         return [[] for _ in range(count)]
     if spec.algorithm == "random":
         return [np.random.default_rng([spec.seed, start + i]).random(d).tolist() for i in range(count)]
+    if sampler is None:
+        sampler = _halton(spec, start)
+    assert sampler is not None
+    return [[float(u) for u in row] for row in sampler.random(count)]
+
+
+def _halton(spec: StudySpec, start: int) -> qmc.Halton | None:
+    """The study's scrambled Halton sampler at point `start` (None where the layout is not Halton)."""
+    d = len(dimensions(spec))
+    if spec.algorithm in ("grid", "random") or d == 0:
+        return None
     sampler = qmc.Halton(d, scramble=True, seed=spec.seed)
     if start:
         sampler.fast_forward(start)
-    return [[float(u) for u in row] for row in sampler.random(count)]
+    return sampler
 
 
 def grid_axes(spec: StudySpec) -> list[list[float]]:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import LargeBinary, Select, Text, cast, func, insert, select
+from sqlalchemy import LargeBinary, Select, Text, cast, func, insert, select, text
 from sqlalchemy.orm import Session, defer
 
 from hpo.policy import ExecutionPolicy
@@ -18,7 +18,7 @@ from hpo.policy import ExecutionPolicy
 from . import catalogue, guards, layout
 from .bayesian.start import bayesian_start
 from .db import Database
-from .errors import AlreadyExists, InvalidInput, NotFound
+from .errors import AlreadyExists, FieldError, InvalidInput, NotFound
 from .models import Study, StudyStatus, Trial, TrialStatus
 from .schemas import (
     ManualTrialIn,
@@ -49,7 +49,8 @@ def create_study(db: Database, raw_spec: object, policy: ExecutionPolicy | None 
         with db.transaction() as session:
             study_id = _store(session, spec, drafts)
     warnings = [Warning(**w) for w in layout.design_warnings(spec) + catalogue.workload_warnings(spec)]
-    return StudyCreated(**get_study(db, study_id).model_dump(), warnings=warnings)
+    # A new study has no finished trial, so no best one: not judging it spares loading every trial.
+    return StudyCreated(**get_study(db, study_id, best=False).model_dump(), warnings=warnings)
 
 
 def create_in_round(
@@ -68,7 +69,8 @@ def create_in_round(
     return spec, study_id
 
 
-def _prepared(raw_spec: object, policy: ExecutionPolicy | None) -> tuple[StudySpec, list[layout.TrialDraft]]:
+def _prepared(raw_spec: object, policy: ExecutionPolicy | None) -> tuple[StudySpec, list[layout.TrialDraft] | None]:
+    """The checked spec, and its manual trials' drafts (None: laid out while stored, `_store`)."""
     spec = parse_spec(raw_spec)
     refused = guards.policy_errors(spec, policy or ExecutionPolicy())
     if refused:
@@ -76,19 +78,90 @@ def _prepared(raw_spec: object, policy: ExecutionPolicy | None) -> tuple[StudySp
     typos = catalogue.workload_errors(spec)
     if typos:
         raise InvalidInput(typos)
+    costly = cost_errors(spec)
+    if costly:
+        raise InvalidInput(costly)
     return spec, _initial_drafts(spec)
 
 
-def _store(session: Session, spec: StudySpec, drafts: list[layout.TrialDraft]) -> int:
+def _store(session: Session, spec: StudySpec, drafts: list[layout.TrialDraft] | None) -> int:
     _ensure_name_free(session, spec.name)
     study = _new_study_row(spec)
     session.add(study)
     session.flush()
     if spec.algorithm == "bayesian":  # initial trials and the proposal queue (docs/bayesian.md)
         drafts = bayesian_start(session, study.id, spec)
-    _insert_trials(session, study, drafts, first_number=0)
-    study.next_point_index = _next_point_index(drafts, 0)
+    if drafts is None:
+        study.next_point_index = _lay_out(session, study, spec, 0, spec.num_trials, first_number=0)
+    else:
+        _insert_trials(session, study, drafts, first_number=0)
+        study.next_point_index = _next_point_index(drafts, 0)
     return study.id
+
+
+# --- what a spec may cost ----------------------------------------------------------------------
+
+# A spec's cost is its layout: each trial holds a value of every hyperparameter that applies to it,
+# laid out, encoded and stored, about 3 us of CPU a value. A 79 KB body (1,000 floats x 1,000
+# trials) took 2.8 s of CPU and 240 MB, and the 100,000-trial cap alone allowed 100 million values
+# (docs/security.md, "Hostile input"). So the values a layout holds (trials x hyperparameters,
+# `max_spec_cells`) and the values the spec lists (`MAX_SPEC_VALUES`) are bounded, and trials are laid
+# out and stored a chunk at a time (`layout.layout_chunks`), so memory stays flat whatever the count.
+MAX_SPEC_CELLS = 2_000_000
+MAX_SPEC_VALUES = 100_000
+_limits = {"cells": MAX_SPEC_CELLS}
+
+
+def configure(max_spec_cells: int) -> None:
+    """Sets `HPO_MAX_SPEC_CELLS` from the server's settings (`create_app` calls this)."""
+    _limits["cells"] = max_spec_cells
+
+
+def max_spec_cells() -> int:
+    return _limits["cells"]
+
+
+def cost_errors(spec: StudySpec, num_trials: int | None = None) -> list[FieldError]:
+    """Why laying out `spec` (with `num_trials` points, default its own) would cost too much."""
+    errors = []
+    listed = sum(len(hp.values or []) for hp in spec.hyperparameters)
+    if listed > MAX_SPEC_VALUES:
+        errors.append(
+            FieldError(
+                "hyperparameters",
+                f"list {listed} values in all (categorical and discrete), over the limit of {MAX_SPEC_VALUES}",
+            )
+        )
+        return errors  # crossing that many values into arms is itself the cost
+    if spec.algorithm == "bayesian":
+        return errors  # proposed a few at a time by the queue, never laid out at once
+    points = spec.num_trials if num_trials is None else num_trials
+    n_arms = len(layout.arms(spec)) if spec.algorithm != "manual" else 1
+    trials = len(spec.trials or []) if spec.algorithm == "manual" else points * n_arms
+    cells = trials * max(1, len(spec.hyperparameters))
+    limit = max_spec_cells()
+    if cells > limit:
+        errors.append(
+            FieldError(
+                "num_trials" if spec.algorithm != "manual" else "trials",
+                f"{trials} trials x {len(spec.hyperparameters)} hyperparameters is {cells} values to lay out, "
+                f"over the limit of {limit} (HPO_MAX_SPEC_CELLS); run fewer trials or tune fewer hyperparameters",
+            )
+        )
+    return errors
+
+
+def _lay_out(session: Session, study: Study, spec: StudySpec, start: int, count: int, *, first_number: int) -> int:
+    """Lays out and stores points `start … start+count-1` a chunk at a time (`layout.layout_chunks`:
+    the trials one layout would give, never all in memory at once); answers the next point index."""
+    number, next_index = first_number, start
+    for drafts in layout.layout_chunks(spec, start, count):
+        _insert_trials(session, study, drafts, first_number=number, ids=False, analyze=False)
+        number += len(drafts)
+        next_index = _next_point_index(drafts, next_index)
+    if number > first_number and session.get_bind().dialect.name == "postgresql":
+        session.execute(text("ANALYZE trials"))  # once, after the bulk load (`_copy_trials`)
+    return next_index
 
 
 def get_study(db: Database, study_id: int, *, best: bool = True) -> StudyPublic:
@@ -211,12 +284,12 @@ def ensure_room(session: Session, study_id: int, adding: int, field: str) -> Non
         )
 
 
-def _initial_drafts(spec: StudySpec) -> list[layout.TrialDraft]:
+def _initial_drafts(spec: StudySpec) -> list[layout.TrialDraft] | None:
     if spec.algorithm == "manual":
         return layout.manual_drafts(spec, [t.model_dump(exclude_none=True) for t in spec.trials or []])
     if spec.algorithm == "bayesian":
         return []  # laid out by bayesian_start, which needs the database (warm start)
-    return layout.layout_trials(spec, 0, spec.num_trials)
+    return None  # laid out while stored, a chunk at a time (`_lay_out`)
 
 
 def grow(session: Session, study_id: int, num_trials: int) -> None:
@@ -240,16 +313,32 @@ def _grow(session: Session, study: Study, num_trials: int) -> None:
     if num_trials * n_arms > MAX_TRIALS_PER_STUDY:
         raise InvalidInput.one("num_trials", f"{num_trials} x {n_arms} arms exceeds {MAX_TRIALS_PER_STUDY} trials")
     ensure_room(session, study.id, (num_trials - study.num_trials) * n_arms, "num_trials")
-    drafts = layout.layout_trials(spec, study.next_point_index, num_trials - study.num_trials)
-    _insert_trials(session, study, drafts, first_number=_next_number(session, study.id))
-    study.next_point_index = _next_point_index(drafts, study.next_point_index)
+    costly = cost_errors(spec, num_trials)
+    if costly:
+        raise InvalidInput(costly)
+    study.next_point_index = _lay_out(
+        session,
+        study,
+        spec,
+        study.next_point_index,
+        num_trials - study.num_trials,
+        first_number=_next_number(session, study.id),
+    )
     study.num_trials = num_trials
     study.spec = {**study.spec, "num_trials": num_trials}
 
 
 def _insert_trials(
-    session: Session, study: Study, drafts: Iterable[layout.TrialDraft], *, first_number: int
+    session: Session,
+    study: Study,
+    drafts: Iterable[layout.TrialDraft],
+    *,
+    first_number: int,
+    ids: bool = True,
+    analyze: bool = True,
 ) -> list[int]:
+    """Stores drafts as trials numbered from `first_number`; answers their ids (unless `ids` is
+    False). `analyze`: ANALYZE after the COPY on Postgres (the last chunk of a layout)."""
     rows = [
         {
             "study_id": study.id,
@@ -271,9 +360,11 @@ def _insert_trials(
     if not rows:
         return []
     if session.get_bind().dialect.name == "postgresql":
-        _copy_trials(session, rows)
+        _copy_trials(session, rows, analyze=analyze)
     else:
         session.execute(insert(Trial), rows)
+    if not ids:
+        return []
     numbers = select(Trial.id).where(Trial.study_id == study.id, Trial.number >= first_number).order_by(Trial.number)
     return list(session.scalars(numbers))
 
@@ -281,7 +372,7 @@ def _insert_trials(
 _JSON_COLUMNS = ("arm", "params", "unit_point")
 
 
-def _copy_trials(session: Session, rows: list[dict[str, Any]]) -> None:
+def _copy_trials(session: Session, rows: list[dict[str, Any]], *, analyze: bool = True) -> None:
     """COPY into trials inside the session's transaction: a 10,000-trial study costs one round
     trip instead of 10,000 INSERTs (or one huge multi-VALUES statement).
 
@@ -296,7 +387,8 @@ def _copy_trials(session: Session, rows: list[dict[str, Any]]) -> None:
         with cursor.copy(f"COPY trials ({', '.join(columns)}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row([_copy_value(column, row[column]) for column in columns])
-        cursor.execute("ANALYZE trials")
+        if analyze:
+            cursor.execute("ANALYZE trials")
 
 
 def _copy_value(column: str, value: Any) -> Any:

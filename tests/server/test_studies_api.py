@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import httpx
 import pytest
 
 from hpo.cli import main
-from hpo.server.studies import LIST_SPEC_BYTES
+from hpo.policy import ExecutionPolicy
+from hpo.server import layout, studies
+from hpo.server.config import ServerSettings
+from hpo.server.spec import parse_spec
+from hpo.server.studies import LIST_SPEC_BYTES, MAX_SPEC_VALUES
+from hpo.settings import Settings
 from tests.conftest import LiveServer
 from tests.server.factories import study_spec
 
@@ -162,3 +170,60 @@ def test_lists_never_carry_a_large_spec_inline(
     assert "big" in out and "small" in out
     index = client.get("/", headers={"Accept": "text/html"})
     assert index.status_code == 200 and "big" in index.text and "small" in index.text
+
+
+def _floats_spec(name: str, floats: int, trials: int, **extra: Any) -> dict[str, Any]:
+    hps = [{"name": f"p{i}", "role": "nuisance", "type": "float", "min": 0.0, "max": 1.0} for i in range(floats)]
+    return {
+        "name": name,
+        "objective": {"metric": "loss", "mode": "min"},
+        "algorithm": "halton",
+        "num_trials": trials,
+        "seed": 3,
+        "hyperparameters": hps,
+        "trainer": {"command": ["python", "train.py"]},
+        **extra,
+    }
+
+
+def test_a_specs_cost_is_bounded_and_its_trials_are_laid_out_in_chunks(settings: Settings) -> None:
+    policy = ExecutionPolicy(command_prefixes=(("python", "train.py"),))
+    server = ServerSettings(max_spec_cells=150_000)
+    try:
+        with (
+            LiveServer(dataclasses.replace(settings, execution_policy=policy), server=server) as live,
+            httpx.Client(base_url=live.url, timeout=60) as http,
+        ):
+            # 1,000 floats x 5,000 trials (a 79 KB body) is refused at once, naming the limit.
+            refused = http.post(f"{API}/studies", json=_floats_spec("huge", 1000, 5000))
+            assert refused.status_code == 422, refused.text
+            (error,) = refused.json()["detail"]
+            assert error["field"] == "num_trials" and "HPO_MAX_SPEC_CELLS" in error["reason"]
+            assert "5000 trials x 1000 hyperparameters" in error["reason"]
+            # So are more listed values than MAX_SPEC_VALUES, crossed or not.
+            many = [
+                {"name": f"c{i}", "role": "nuisance", "type": "categorical", "values": [f"v{j}" for j in range(10_000)]}
+                for i in range(MAX_SPEC_VALUES // 10_000 + 1)
+            ]
+            listed = http.post(f"{API}/studies", json={**_floats_spec("listed", 0, 1), "hyperparameters": many})
+            assert listed.status_code == 422 and listed.json()["detail"][0]["field"] == "hyperparameters", listed.text
+            assert str(MAX_SPEC_VALUES) in listed.json()["detail"][0]["reason"]
+            # Within the limit: 200 floats x 600 trials, stored a chunk of points at a time, are the
+            # trials one layout gives.
+            spec = _floats_spec("chunked", 200, 600)
+            assert 600 * 200 // layout.CHUNK_VALUES >= 2  # several chunks
+            created = http.post(f"{API}/studies", json=spec)
+            assert created.status_code == 201, created.text
+            stored = _all_trials(http, created.json()["id"])
+            expected = layout.layout_trials(parse_spec(spec), 0, 600)
+            assert [t["params"] for t in stored] == [d.params for d in expected]
+            assert [t["point_index"] for t in stored] == list(range(600))
+            # Growing past the limit is refused too; growing within it continues the sequence.
+            grown = http.patch(f"{API}/studies/{created.json()['id']}", json={"num_trials": 1000})
+            assert grown.status_code == 422 and "HPO_MAX_SPEC_CELLS" in grown.text, grown.text
+            grown = http.patch(f"{API}/studies/{created.json()['id']}", json={"num_trials": 700})
+            assert grown.status_code == 200, grown.text
+            more = _all_trials(http, created.json()["id"])
+            assert [t["params"] for t in more] == [d.params for d in layout.layout_trials(parse_spec(spec), 0, 700)]
+    finally:
+        studies.configure(studies.MAX_SPEC_CELLS)  # the module's default, for tests that follow
