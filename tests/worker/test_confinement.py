@@ -160,14 +160,7 @@ def shared_folder() -> Iterator[Path]:
 def test_a_trial_run_as_another_user_reads_no_credential_and_writes_no_other_trial(
     settings: Settings, shared_folder: Path
 ) -> None:
-    db = Database(settings.database_url)
-    db.upgrade()
-    _, writer = auth.create_token(db, "write")
-    _, worker_token = auth.create_token(db, "worker")
-    db.dispose()
-    token_file = shared_folder / "worker.token"
-    token_file.write_text(worker_token)
-    token_file.chmod(0o600)
+    writer, worker_token, token_file = _tokens(settings, shared_folder)
     canaries = {
         "HPO_API_TOKEN": worker_token,
         "HPO_SESSION_SECRET": "session-secret-canary-0123456789abcdef",
@@ -211,6 +204,19 @@ def test_a_trial_run_as_another_user_reads_no_credential_and_writes_no_other_tri
     # The second trial ran after the first (max one at a time) and so had its folder to attack.
     first = shared_folder / "artifacts" / "trials" / str(done[0]["id"]) / "attempt-1"
     assert not (first / "planted.txt").exists()
+
+
+def _tokens(settings: Settings, folder: Path) -> tuple[str, str, Path]:
+    """A write token for the test, and a worker token in a 0600 file (the worker's --token-file)."""
+    db = Database(settings.database_url)
+    db.upgrade()
+    _, writer = auth.create_token(db, "write")
+    _, worker_token = auth.create_token(db, "worker")
+    db.dispose()
+    token_file = folder / "worker.token"
+    token_file.write_text(worker_token)
+    token_file.chmod(0o600)
+    return writer, worker_token, token_file
 
 
 def _start_cli_worker(
@@ -296,14 +302,7 @@ def test_a_trial_cannot_turn_its_root_supervisor_against_the_node(settings: Sett
 
     shutil.copy(ATTACKS, shared_folder / "attacks.py")
     shutil.copy(HOSTILE / "hopper.py", shared_folder / "hopper.py")
-    db = Database(settings.database_url)
-    db.upgrade()
-    _, writer = auth.create_token(db, "write")
-    _, worker_token = auth.create_token(db, "worker")
-    db.dispose()
-    token_file = shared_folder / "worker.token"
-    token_file.write_text(worker_token)
-    token_file.chmod(0o600)
+    writer, worker_token, token_file = _tokens(settings, shared_folder)
     # Root's own: a file in a folder only root may enter, and another trial's sealed checkpoints.
     private = shared_folder / "root-only"
     private.mkdir(mode=0o700)
