@@ -15,7 +15,8 @@ the worker uses the first this node allows, saying at start which:
 - **the trial's uid** (`--run-as` without a writable cgroup): a helper process running as that uid
   calls `kill(-1, SIGKILL)`, which the kernel applies to every process of the uid at once, until no
   process of the uid is left; the uid is not handed to another trial before that holds
-  (worker/confine.py keeps its lock). `RLIMIT_NPROC` bounds its processes instead of `pids.max`.
+  (worker/confine.py keeps its lock). `RLIMIT_NPROC` bounds its processes instead of `pids.max`,
+  `RLIMIT_AS` each process's address space instead of the group's memory.
 - **the process tree** (no root, no `--run-as`: an unconfined worker): what `confine.kill_descendants`
   finds below the supervisor, best effort.
 
@@ -290,6 +291,10 @@ class UidKill:
         _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
         limit = self.limits.processes if hard == resource.RLIM_INFINITY else min(hard, self.limits.processes)
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+        if self.limits.memory_bytes:
+            # Address space per process, not memory per attempt: the nearest a node without a
+            # cgroup offers (CUDA maps far more address space than it uses: docs/security.md).
+            resource.setrlimit(resource.RLIMIT_AS, (self.limits.memory_bytes, self.limits.memory_bytes))
 
     def end(self, spare: Iterable[int] = (), timeout: float = 30.0) -> None:
         end_uid(self.uid, timeout)

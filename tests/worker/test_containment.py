@@ -193,3 +193,33 @@ def test_an_attempts_processes_are_bounded(tmp_path: Path) -> None:
         assert 0 < int(done.stdout) < 20, done.stdout
     finally:
         group.end()
+
+
+HOG = """
+held = []
+try:
+    for _ in range(32):
+        held.append(bytearray(32 * 1024 * 1024))
+except MemoryError:
+    print(len(held) * 32, flush=True)
+"""
+
+
+@as_root
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"the trial user's Python {SYSTEM_PYTHON}")
+def test_without_a_cgroup_a_dedicated_uids_memory_is_bounded_per_process() -> None:
+    uid = 20_091
+    group = UidKill(uid, Limits(processes=64, memory_bytes=256 * 1024**2))
+
+    def as_trial() -> None:
+        group.join()
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", HOG], preexec_fn=as_trial, capture_output=True, text=True, timeout=60, cwd="/"
+    )
+    group.end()
+    assert done.stdout.strip(), f"the hog was never refused memory: {done.stderr[-500:]}"
+    assert int(done.stdout) < 256, done.stdout
