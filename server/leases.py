@@ -309,6 +309,9 @@ def fail(
     with db.transaction() as session:
         trial = _leased(session, trial_id, lease_id)
         study = session.get_one(Study, trial.study_id)
+        if kind == "returned":
+            _return_unrun(session, trial, study)
+            return trial.status.value
         _end_attempt(session, trial, kind)
         if kind == "preempted":  # a give-back, not a failure: nothing is recorded against the trial
             _requeue(trial)
@@ -327,6 +330,25 @@ def fail(
                 _finish(trial, TrialStatus.failed)
             _count_error(study)
         return trial.status.value
+
+
+def _return_unrun(session: Session, trial: Trial, study: Study) -> None:
+    """The worker could not run the attempt through no fault of the trial (its artifact root is
+    full or read-only: docs/workers.md, "Worker health"): the trial is as it was before the claim.
+    Pending, the attempt not counted (its trial_attempts row and checkpoint records gone), no
+    failure recorded, and its history cut back to what the claim left."""
+    attempt = trial.attempt
+    resume = _resume_point(session, trial.id, trial.restart_after_attempt, attempt) if attempt > 1 else None
+    session.execute(delete(Checkpoint).where(Checkpoint.trial_id == trial.id, Checkpoint.attempt == attempt))
+    session.execute(delete(TrialAttempt).where(TrialAttempt.trial_id == trial.id, TrialAttempt.attempt == attempt))
+    session.flush()
+    _truncate_history(session, trial.id, study.objective_metric, study.objective_mode, resume)
+    session.refresh(trial)
+    _requeue(trial)
+    trial.attempt = attempt - 1
+    trial.worker_id = None
+    if attempt == 1:
+        trial.started_at = None  # never ran
 
 
 def _note_unread(trial: Trial, unread_params: list[str] | None) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Double,
     Enum,
@@ -420,6 +421,19 @@ class RoundRecipe(Base):
     options: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
     readout: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class WorkerHealth(Base):
+    """What each worker last said of its own health (docs/workers.md, "Worker health"): a worker
+    that cannot write its artifact root stops claiming and reports why; `/metrics` and the
+    dashboard show the recent reports. One row per worker id, overwritten."""
+
+    __tablename__ = "worker_health"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    healthy: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str | None] = mapped_column(String(2000))
+    reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 def resumed(best_step: int | None, resumed_from_step: int | None) -> bool:

@@ -247,8 +247,17 @@ class CompleteRequest(LeaseRequest):
     unread_params: UnreadParams = Field(default=None, max_length=1000)
 
 
+class WorkerHealthIn(_Request):
+    """A worker's report of its own health (docs/workers.md, "Worker health")."""
+
+    worker_id: str = Field(min_length=1, max_length=200)
+    healthy: bool
+    reason: str = Field(default="", max_length=2000)
+
+
 class FailRequest(LeaseRequest):
-    kind: Literal["infeasible", "error", "preempted", "config"]
+    # `returned`: the worker could not run the trial (its own disk): undone as if never claimed.
+    kind: Literal["infeasible", "error", "preempted", "config", "returned"]
     reason: str = Field(default="", max_length=20_000)
     step: Annotated[int, Field(ge=0, lt=2**31), INTEGRAL] | None = None
     unread_params: UnreadParams = Field(default=None, max_length=1000)

@@ -125,6 +125,13 @@ def _register_worker(subparsers: Any) -> None:
         "study's resources.max_processes asks for less)",
     )
     parser.add_argument(
+        "--min-free-gb",
+        type=float,
+        default=1.0,
+        help="claim nothing while the artifact root has less free space than this, or cannot be written "
+        "(default 1; docs/workers.md, 'Worker health')",
+    )
+    parser.add_argument(
         "--max-trial-memory-gb",
         type=float,
         default=None,
@@ -293,6 +300,8 @@ def _worker_options(args: argparse.Namespace) -> Any:
             raise CliError("--run-as needs the worker to run as root (it starts trial processes as another user)")
         if run_as.first == run_as.last and args.max_trials is None:
             args.max_trials = 1  # one user: one running trial at a time (docs/security.md)
+    if not args.min_free_gb >= 0:
+        raise CliError(f"--min-free-gb must be >= 0, got {args.min_free_gb}")
     if args.max_trial_processes < 1:
         raise CliError(f"--max-trial-processes must be >= 1, got {args.max_trial_processes}")
     if args.max_trial_memory_gb is not None and not args.max_trial_memory_gb > 0:
@@ -338,6 +347,7 @@ def _worker_options(args: argparse.Namespace) -> Any:
         log_to_driver=bool(getattr(args, "verbose", False)),  # the trials' own output only with -v
         unconfined=args.unconfined,
         limits=Limits(args.max_trial_processes, memory),
+        min_free_bytes=int(args.min_free_gb * 2**30),
     )
     refusal = confinement_refusal(options)
     if refusal is not None:

@@ -199,11 +199,17 @@ class ServerClient:
         retry_for: float = 0,
         unread_params: list[str] | None = None,
     ) -> str:
-        """Ends the attempt as `infeasible | error | preempted | config`; answers the trial's new status."""
+        """Ends the attempt as `infeasible | error | preempted | config`, or `returned` (the worker
+        could not run it: undone as if never claimed); answers the trial's new status."""
         body: dict[str, Any] = {"lease_id": lease_id, "kind": kind, "reason": reason[-20_000:], "step": step}
         if unread_params is not None:
             body["unread_params"] = unread_params
         return str(self.request("POST", f"{API}/trials/{trial_id}/fail", body, retry_for).json()["status"])
+
+    def report_health(self, worker_id: str, healthy: bool, reason: str = "") -> None:
+        """Tells the server whether this worker can run trials (docs/workers.md, "Worker health")."""
+        body = {"worker_id": worker_id, "healthy": healthy, "reason": reason[:2000]}
+        self.request("POST", f"{API}/workers/health", body, 0)
 
     # -- plumbing -----------------------------------------------------------------------------
 

@@ -57,7 +57,7 @@ from .collectors import collector_for
 from .confine import Identity, children_of, reap_children, trial_environment
 from .containment import Containment, Limits, contain
 from .reporter import MetricsTail
-from .trial_tree import TrialTree
+from .trial_tree import TrialTree, remove_tree
 
 _log = logging.getLogger("hpo.worker.command")
 
@@ -253,6 +253,10 @@ class CommandRun:
 
     def run(self) -> CommandResult:
         identity = self.s.identity
+        # A folder of this attempt can only be left from an attempt returned unrun (worker/disk.py):
+        # the attempt starts clean.
+        remove_tree(self.s.out_dir)
+        remove_tree(self.log_dir)
         self.tree = TrialTree.create(self.s.out_dir)
         try:
             self._present = set(children_of(os.getpid()))

@@ -16,6 +16,7 @@ each trial is given back as `preempted`, then the worker exits. A second signal 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import importlib
 import logging
 import os
@@ -39,8 +40,9 @@ from .command import DEFAULT_STOP_GRACE_SECONDS
 from .confine import ConfinementError, RunAs
 from .console import TrialLines
 from .containment import Limits, mechanism
+from .disk import DEFAULT_MIN_FREE_BYTES, DiskHealth, describe_free, names_the_disk
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
-from .runner import Outcome, create_board, launch, outcome_of_exception
+from .runner import Outcome, create_board, launch, outcome_of_exception, remove_attempt_files
 from .runs import (
     STOP_LEASE_LOST,
     STOP_PREEMPTED,
@@ -98,6 +100,9 @@ class WorkerOptions:
     unconfined: bool = False
     # The most one process of a trial may hold (worker/containment.py); a study asks for less.
     limits: Limits = field(default_factory=Limits)
+    # Below this much free space in the artifact root the worker claims nothing (worker/disk.py).
+    min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
+    disk_check_seconds: float = 10.0  # how often the artifact root is probed while claiming
 
 
 def confinement_refusal(options: WorkerOptions) -> str | None:
@@ -153,6 +158,10 @@ class Worker:
         self._jobs: JobSettings | None = None
         self.stopped_by_signal: int | None = None
         self._workdir_root = (options.workdir_root or Path.cwd()).absolute()
+        self._returned: set[int] = set()  # trials this worker returned unrun once (worker/disk.py)
+        self._disk = DiskHealth(
+            options.artifact_root.absolute(), options.min_free_bytes, self._report_disk, options.disk_check_seconds
+        )
 
     # -- public -------------------------------------------------------------------------------
 
@@ -220,7 +229,7 @@ class Worker:
         now = time.monotonic()
         for trial_id, run in list(self._runs.items()):
             if run.outcome is None and run.execution is not None and run.execution.done():
-                run.outcome = run.execution.outcome()
+                run.outcome = self._unless_the_disk(run, run.execution.outcome())
                 self._capacity.release(run.footprint)
                 self._record_latency(run)
                 self._next_claim = 0.0  # resources just freed: claim again at once
@@ -251,7 +260,38 @@ class Worker:
             if answer.get("should_stop"):
                 self._stop(run, STOP_REQUESTED)
 
+    def _unless_the_disk(self, run: Run, outcome: Outcome) -> Outcome:
+        """A failed attempt whose cause was this worker's disk (full, read-only) is the worker's
+        fault, not the trial's: its files are removed and the trial is returned as if never claimed
+        (docs/workers.md, "Worker health"); the worker claims nothing until the disk is fine."""
+        if outcome.status != "error" or outcome.lease_lost:
+            return outcome
+        problem = self._disk.check(force=True)
+        if problem is None and not names_the_disk(outcome.reason):
+            return outcome
+        remove_attempt_files(Path(run.job.out_dir))
+        why = problem or f"the artifact root's disk ({describe_free(self._disk.root)})"
+        self._disk.check(force=True)  # what the disk is like with the attempt's files gone
+        if run.trial_id in self._returned:
+            # The same trial filled the disk again: that is the trial's doing, and costs an attempt.
+            return dataclasses.replace(outcome, reason=f"{why}\n\n{outcome.reason}")
+        self._returned.add(run.trial_id)
+        _log.warning("trial %d: returned unrun: %s", run.trial_id, why)
+        return dataclasses.replace(outcome, status="returned", reason=f"{why}\n\n{outcome.reason}")
+
+    def _report_disk(self, problem: str | None) -> None:
+        if problem is None:
+            _log.info("artifact root %s is writable; claiming", self._disk.root)
+        else:
+            _log.error("not claiming: %s", problem)
+        try:
+            self.client.report_health(self.options.worker_id, problem is None, problem or "")
+        except (ServerUnavailable, ProtocolError) as exc:  # an older server, or none now: logged only
+            _log.debug("could not report this worker's health: %s", exc)
+
     def _claim_while_room(self) -> None:
+        if self._room_for_one_more() and self._disk.check() is not None:
+            return  # said once, in one line, by _report_disk
         while time.monotonic() >= self._next_claim and self._room_for_one_more():
             cpus, gpus = self._capacity.offer()
             if cpus <= 0 and gpus <= 0:

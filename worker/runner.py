@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -52,11 +53,13 @@ from .command import (
 from .confine import ConfinementError, Identity, RunAs
 from .containment import Limits
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS, HttpReporter, Undelivered
+from .trial_tree import remove_tree
 
 _log = logging.getLogger("hpo.worker.runner")
 
 # Statuses an Outcome may carry: the trainer's RunResult statuses plus `config` (ConfigError).
-OUTCOME_STATUSES = ("completed", "infeasible", "error", "stopped", "config")
+# `returned`: the worker could not run the attempt (its own disk); the server undoes the claim.
+OUTCOME_STATUSES = ("completed", "infeasible", "error", "stopped", "config", "returned")
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,13 @@ def run_rank(job: TrialJob, rank: int, launcher_env: dict[str, str] | None = Non
         if rank != 0:
             raise
         return Outcome("config", str(exc))
+
+
+def remove_attempt_files(out_dir: Path) -> None:
+    """Deletes an attempt's folders (the trial's, the worker's, other ranks') on this node, best
+    effort: an attempt returned unrun leaves nothing that fills the disk (worker/disk.py)."""
+    for folder in [out_dir, *out_dir.parent.glob(f"{out_dir.name}.*")]:
+        remove_tree(folder)
 
 
 def rank_dir(out_dir: Path, rank: int) -> Path:
@@ -444,8 +454,23 @@ def outcome_of_exception(exc: BaseException) -> Outcome:
     """Ray's out-of-memory kill is a property of the point (DESIGN.md: `infeasible`); anything else
     that killed the process is an `error`, retried by the server."""
     if isinstance(exc, ray.exceptions.OutOfMemoryError):
-        return Outcome("infeasible", f"out of memory: {exc}"[-8000:])
-    return Outcome("error", f"{type(exc).__name__}: {exc}"[-8000:])
+        return Outcome("infeasible", plain_reason(f"out of memory: {exc}")[-8000:])
+    return Outcome("error", plain_reason(f"{type(exc).__name__}: {exc}")[-8000:])
+
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def plain_reason(text: str) -> str:
+    """A failure reason as people read it: no terminal colour codes, and, for a traceback (Ray's
+    include one), its last line, the exception itself, first."""
+    text = _TERMINAL_CODES.sub("", text).strip()
+    lines = text.splitlines()
+    if len(lines) > 1 and any(line.startswith("Traceback") for line in lines):
+        last = next((line.strip() for line in reversed(lines) if line.strip() and not line.startswith(" ")), "")
+        if last and lines[0].strip() != last:
+            return f"{last}\n\n{text}"
+    return text
 
 
 def launch(job: TrialJob, pool: concurrent.futures.Executor) -> Execution:

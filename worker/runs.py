@@ -17,7 +17,7 @@ from .command import DEFAULT_STOP_GRACE_SECONDS, is_command, resolve_workdir
 from .confine import RunAs
 from .containment import Limits
 from .reporter import FLUSH_POINTS, FLUSH_SECONDS
-from .runner import Execution, Outcome, TrialJob
+from .runner import Execution, Outcome, TrialJob, plain_reason
 
 _log = logging.getLogger("hpo.worker")
 
@@ -138,8 +138,8 @@ def verdict(outcome: Outcome, stop_reason: str | None) -> tuple[str, str, int | 
         return None
     if outcome.status == "completed":
         return ("complete", "", outcome.step)
-    if outcome.status in ("infeasible", "error", "config"):
-        return (outcome.status, outcome.reason, outcome.step)
+    if outcome.status in ("infeasible", "error", "config", "returned"):
+        return (outcome.status, plain_reason(outcome.reason), outcome.step)
     # stopped: given back to be resumed from its checkpoint; a pause or cancel comes here too (the
     # server answers 409 for a cancelled trial, which is then simply done).
     return ("preempted", stop_reason or outcome.reason or "stopped", outcome.step)

@@ -208,6 +208,17 @@ class TrialTree:
         return sealed
 
 
+def remove_tree(folder: Path) -> None:
+    """Deletes a folder of the worker's (an attempt that ended, or one left behind by an attempt
+    returned unrun), sealed or not, best effort; links in it are removed, never followed."""
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for base, _dirs, _files in os.walk(folder):  # sealed folders have no write bit
+        with contextlib.suppress(OSError):
+            os.chmod(base, 0o700)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _seal_one(fd: int, uid: int, gid: int) -> int:
     info = os.fstat(fd)
     if uid == 0 and info.st_uid != 0:

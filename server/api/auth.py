@@ -44,6 +44,7 @@ OPEN_PATHS = HEALTH_PATHS | {"/signin", "/signout"}
 _log = logging.getLogger("hpo.server")
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _CLAIM = "/api/v1/workers/claim"
+_WORKER_CALLS = frozenset({_CLAIM, "/api/v1/workers/health"})
 _LEASED_WRITE = re.compile(r"/api/v1/trials/(\d{1,10})/(heartbeat|metrics|checkpoints|complete|fail)")
 # What a trial process may post with its trial token (worker/reporter.py).
 _TRIAL_WRITES = frozenset({"metrics", "checkpoints"})
@@ -55,7 +56,7 @@ def required_permission(method: str, path: str) -> str | None:
         return None
     if method in _SAFE_METHODS:
         return "read"
-    if method == "POST" and (path == _CLAIM or _LEASED_WRITE.fullmatch(path)):
+    if method == "POST" and (path in _WORKER_CALLS or _LEASED_WRITE.fullmatch(path)):
         return "worker"
     return "write"
 

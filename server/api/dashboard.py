@@ -22,7 +22,7 @@ from starlette.background import BackgroundTask
 
 from hpo.command_template import expand
 
-from .. import charts, evidence, kept_charts, notes, pipelines, studies, trial_table, trials
+from .. import charts, evidence, kept_charts, notes, pipelines, studies, trial_table, trials, worker_health
 from ..analysis import memo, queries
 from ..analysis.model import arm_label, fmt
 from ..analysis.service import kept_analysis, resume_advice
@@ -61,7 +61,9 @@ def index(db: DatabaseDep, request: Request) -> HTMLResponse:
         if view is not None:
             rows.append({**row, "status": view.status, "progress": progress(view.trial_counts)})
     lines = pipelines.list_pipelines(db, limit=100)["items"]
-    return _page("index.html", rows=rows, base_url=base, pipelines=lines)
+    # The workers' own health reports of the last hour (docs/workers.md, "Worker health").
+    workers = worker_health.recent(db)
+    return _page("index.html", rows=rows, base_url=base, pipelines=lines, workers=workers)
 
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)

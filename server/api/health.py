@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import func, select
 
+from .. import worker_health
 from ..models import Study, Trial
 from .deps import DatabaseDep
 
@@ -35,4 +36,13 @@ def prometheus(db: DatabaseDep) -> str:
     lines += [f'hpo_trials{{status="{status.value}"}} {count}' for status, count in trials]
     lines += ["# HELP hpo_studies Studies by stored status.", "# TYPE hpo_studies gauge"]
     lines += [f'hpo_studies{{status="{status.value}"}} {count}' for status, count in studies]
+    lines += ["# HELP hpo_worker_healthy Workers' own reports of the last hour: 1 healthy, 0 not."]
+    lines += ["# TYPE hpo_worker_healthy gauge"]
+    reports = worker_health.recent(db)
+    lines += [f'hpo_worker_healthy{{worker="{_label(r.worker_id)}"}} {int(r.healthy)}' for r in reports]
     return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped (a worker names itself)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

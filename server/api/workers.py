@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpo.policy import ExecutionPolicy
 
-from .. import leases, results
+from .. import leases, results, worker_health
 from ..errors import Forbidden
 from ..schemas import (
     CheckpointIn,
@@ -24,6 +24,7 @@ from ..schemas import (
     LeaseRequest,
     MetricsAccepted,
     MetricsIn,
+    WorkerHealthIn,
 )
 from ..wire import metrics_body
 from .deps import DatabaseDep, SettingsDep, TrialId
@@ -121,6 +122,14 @@ def _check_trial_token(request: Request, lease_id: str) -> None:
 def complete(db: DatabaseDep, trial_id: TrialId, body: CompleteRequest) -> dict[str, str]:
     leases.complete(db, trial_id, body.lease_id, body.unread_params)
     return {"status": "completed"}
+
+
+@router.post("/workers/health", status_code=status.HTTP_204_NO_CONTENT)
+def health(db: DatabaseDep, body: WorkerHealthIn) -> Response:
+    """A worker's report of its own health: a worker that cannot write its artifact root stops
+    claiming and says why (docs/workers.md, "Worker health"); `/metrics` and the dashboard show it."""
+    worker_health.report(db, body.worker_id, body.healthy, body.reason)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/trials/{trial_id}/fail")

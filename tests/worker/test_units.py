@@ -281,3 +281,21 @@ def test_stop_request_from_the_driver_reaches_should_stop(tmp_path: Path) -> Non
     assert reporter.should_stop() is False
     flag["stop"] = True
     assert reporter.should_stop() is True
+
+
+def test_failure_reasons_are_plain_text_with_the_exception_first() -> None:
+    from hpo.worker.disk import names_the_disk
+    from hpo.worker.runner import plain_reason
+
+    ray_style = (
+        "RayTaskError(OSError): \x1b[36mray::_trial_process()\x1b[39m (pid=12, ip=10.0.0.1)\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 3, in f\n'
+        "    handle.write(data)\n"
+        "OSError: [Errno 28] No space left on device\n"
+    )
+    reason = plain_reason(ray_style)
+    assert "\x1b" not in reason
+    assert reason.splitlines()[0] == "OSError: [Errno 28] No space left on device"
+    assert names_the_disk(reason) and not names_the_disk("ValueError: lr must be positive")
+    assert plain_reason("the command exited with status 1") == "the command exited with status 1"
