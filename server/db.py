@@ -9,7 +9,7 @@ import fcntl
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib import resources
 from typing import Any
 
@@ -41,6 +41,9 @@ class Database:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._next_reap = 0.0
+        # The driver's own errors, raised past SQLAlchemy by code that uses the driver's
+        # connection directly (COPY, binary cursors).
+        self._driver_errors: tuple[type[BaseException], ...] = (self.engine.dialect.loaded_dbapi.Error,)
 
     def warm_pool(self, connections: int) -> None:
         """Opens `connections` pooled connections now (Postgres), so a burst of first requests,
@@ -60,28 +63,29 @@ class Database:
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """A session in one transaction: committed on success, rolled back on any error. Driver
-        errors become `StorageError`; the service's own errors pass through unchanged."""
+        errors (SQLAlchemy's, and the driver's own from code that uses its connection directly)
+        become `StorageError`; the service's own errors pass through unchanged. The rollback and
+        the close are guarded: on a connection that died they fail too, and that second error
+        must not replace the first (docs/workers.md, "Database outages")."""
         session = self._sessions()
         try:
             yield session
             session.commit()
         except HpoError:
-            session.rollback()
+            discard(session)
             raise
         except IntegrityError as exc:
             # Two writers raced past the same check (e.g. one study name): the loser gets a 409.
-            session.rollback()
+            discard(session)
             raise Conflict(f"conflicting write: {exc.orig}") from exc
-        except (DBAPIError, SQLAlchemyError) as exc:
-            session.rollback()
-            raise StorageError(
-                f"database error: {type(exc.orig if isinstance(exc, DBAPIError) else exc).__name__}"
-            ) from exc
+        except (SQLAlchemyError, *self._driver_errors) as exc:
+            discard(session)
+            raise storage_error(exc) from exc
         except BaseException:
-            session.rollback()
+            discard(session)
             raise
         finally:
-            session.close()
+            close_quietly(session)
 
     @contextmanager
     def statement(self) -> Iterator[Connection]:
@@ -89,16 +93,19 @@ class Database:
         its own transaction): no BEGIN and COMMIT round trips. Errors are mapped as in
         `transaction()`. Postgres only; on SQLite use `transaction()` (BEGIN IMMEDIATE)."""
         try:
-            with self._autocommit.connect() as connection:
-                yield connection
+            connection = self._autocommit.connect()
+        except (SQLAlchemyError, *self._driver_errors) as error:
+            raise storage_error(error) from error
+        try:
+            yield connection
         except HpoError:
             raise
         except IntegrityError as error:
             raise Conflict(f"conflicting write: {error.orig}") from error
-        except (DBAPIError, SQLAlchemyError) as error:
-            raise StorageError(
-                f"database error: {type(error.orig if isinstance(error, DBAPIError) else error).__name__}"
-            ) from error
+        except (SQLAlchemyError, *self._driver_errors) as error:
+            raise storage_error(error) from error
+        finally:
+            close_quietly(connection)
 
     def now_seconds(self) -> ColumnElement[float]:
         """The database clock in seconds since the epoch, as an SQL expression. Leases compare
@@ -164,6 +171,33 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def storage_error(exc: BaseException) -> StorageError:
+    """A driver error as the service's 503, by the driver's error class (the details go to the log)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    return StorageError(f"database error: {type(orig).__name__}")
+
+
+def discard(session: Session) -> None:
+    """Rolls `session` back; where that fails too (its connection died), invalidates its
+    connections instead, so the pool never hands them out again. Never raises: the caller is
+    already reporting the error that brought it here."""
+    try:
+        session.rollback()
+    except Exception:  # the connection is gone: the rollback's error says nothing new
+        with suppress(Exception):
+            session.invalidate()
+
+
+def close_quietly(resource: Session | Connection) -> None:
+    """Closes a session or connection, invalidating it where closing fails (a dead connection's
+    reset on return to the pool); never raises."""
+    try:
+        resource.close()
+    except Exception:  # the connection is gone: drop it rather than return it to the pool
+        with suppress(Exception):
+            resource.invalidate()
 
 
 class epoch_seconds(FunctionElement[float]):  # noqa: N801 (used as a SQL function)

@@ -22,6 +22,7 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from ..db import close_quietly, discard
 from ..errors import NotFound
 from ..models import FINISHED_STATUSES, CurveStat, NonFinite, Study, Trial, TrialStatus
 from .model import Curve, TrialSummary, arm_key, collector_paused
@@ -47,11 +48,14 @@ def beside(session: Session, read: Callable[[Session], _T]) -> Future[_T]:
         return done
 
     def run() -> _T:
-        with Session(bind) as other:
-            try:
-                return read(other)
-            finally:
-                other.rollback()
+        # The rollback and close are guarded as in `Database.transaction()`: on a connection that
+        # died mid-read they fail too, and must not replace the read's own error.
+        other = Session(bind)
+        try:
+            return read(other)
+        finally:
+            discard(other)
+            close_quietly(other)
 
     return _BESIDE.submit(run)
 

@@ -113,7 +113,13 @@ def test_a_database_outage_is_503_one_line_a_request_and_no_traceback(
         time.sleep(3)  # the reaper and the bayesian queue tick meanwhile
         during = log.read_text().splitlines()[before:]
         assert not [line for line in during if "Traceback" in line], "\n".join(during)
-        expected = ("storage error: OperationalError", '"GET /', "bayesian refill: ", "lease reaper: ")
+        expected = (
+            "storage error: OperationalError",
+            '"GET /',
+            "bayesian refill: ",
+            "lease reaper: ",
+            "curve statistics keeper: ",
+        )
         assert all(any(mark in line for mark in expected) for line in during), "\n".join(during)
         storage_lines = [line for line in during if "storage error" in line]
         assert len(storage_lines) == 5, during  # one line a request (plus uvicorn's access line)
