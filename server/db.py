@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -174,9 +175,19 @@ class Database:
 
 
 def storage_error(exc: BaseException) -> StorageError:
-    """A driver error as the service's 503, by the driver's error class (the details go to the log)."""
+    """A driver error as the service's 503: a full disk by name (SQLite's SQLITE_FULL, Postgres'
+    disk_full), anything else by the driver's error class (the details go to the log)."""
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if _disk_full(orig):
+        return StorageError("database disk is full")
     return StorageError(f"database error: {type(orig).__name__}")
+
+
+def _disk_full(error: BaseException) -> bool:
+    if isinstance(error, sqlite3.Error):
+        code = getattr(error, "sqlite_errorcode", None)
+        return code == sqlite3.SQLITE_FULL or "database or disk is full" in str(error)
+    return getattr(error, "sqlstate", None) == "53100"  # Postgres' disk_full
 
 
 def discard(session: Session) -> None:
