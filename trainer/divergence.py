@@ -29,7 +29,10 @@ so the server imports it without the trainer's torch). A run has diverged when
    after learning, a slow climb to several times the initial loss, a run that never learned.
 
 The trainer applies rule 1 and rule 2 online (`DivergenceMonitor`, same threshold `is_high` and the
-same `patience`), and ends such runs `infeasible`; the analysis applies `judge` to every completed
+same `patience`), and ends such runs `infeasible`; the monitor's reference values (the initial loss,
+the running minimum, the current stretch) are part of every checkpoint, so a resumed run is judged
+against the same values as its uninterrupted twin (trainer/README.md, "Checkpoints and exact
+resume"); the analysis applies `judge` to every completed
 trial's stored curves, so trials run by any trainer (user scripts, older runs) are judged alike.
 
 Defaults: `factor` 3 (a 10-class cross-entropy starts at ln 10 = 2.3, so the loss must stay above
@@ -40,7 +43,7 @@ three are trainer settings (`divergence_factor`, null to turn rule 2 off, `diver
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,6 +110,24 @@ class DivergenceMonitor:
             f"training loss diverged: {loss:.4g} for {self.run} steps since step {self.since}, over {self.factor:g}x "
             f"its initial value {self.initial:.4g} and its minimum {self.minimum:.4g}"
         )
+
+    def state(self) -> dict[str, float | int | None]:
+        """What a checkpoint keeps: the reference values `update` judges against (the thresholds
+        are settings, read from the config of the run that resumes)."""
+        return {"initial": self.initial, "minimum": self.minimum, "run": self.run, "since": self.since}
+
+    def load_state(self, state: Mapping[str, object]) -> None:
+        initial, since = state["initial"], state["since"]
+        self.initial = None if initial is None else float(initial)  # type: ignore[arg-type]
+        self.minimum = float(state["minimum"])  # type: ignore[arg-type]
+        self.run = int(state["run"])  # type: ignore[call-overload]
+        self.since = None if since is None else int(since)  # type: ignore[call-overload]
+
+    def replay(self, losses: Iterable[tuple[int, float]]) -> None:
+        """Feeds `(step, loss)` points logged before (in step order) as `update` was fed them: how
+        a checkpoint written without the monitor's state gets it back from the run's metrics."""
+        for step, loss in losses:
+            self.update(step, loss)
 
 
 def is_high(loss: float, initial: float, minimum: float, factor: float) -> bool:

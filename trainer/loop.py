@@ -18,8 +18,9 @@ the playbook section each practice comes from:
   objective plus the newest (playbook 000, "Saving checkpoints and retrospectively selecting the
   best checkpoint").
 - Exact resume: a checkpoint holds the model on the CPU unwrapped from DDP, the optimizer, the step,
-  every rank's RNG states, the evaluation history and the resolved config; written atomically. A
-  run killed anywhere and started again ends bitwise equal to an uninterrupted one on the CPU.
+  every rank's RNG states, the evaluation history, the divergence monitor's reference values, the
+  newest evaluation and the resolved config; written atomically. A run killed anywhere and started
+  again ends bitwise equal to an uninterrupted one on the CPU, judged and answered alike.
 - Sanity checks (playbook 004, "Validation before training" and "Load and save one checkpoint
   before training"): the untrained model's loss against ln(classes), a save-and-load round trip of
   a checkpoint before the first step, and an optional `overfit_one_batch` mode.
@@ -29,6 +30,7 @@ the playbook section each practice comes from:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import random
@@ -48,7 +50,7 @@ from . import checkpoints, distributed
 from .batches import TrainBatches, check_dataset, first_examples, gather
 from .batchnorm import average_buffers, prepare_batch_norm
 from .config import RunConfig, check_world_size, parse_config
-from .divergence import DivergenceMonitor
+from .divergence import TRAIN_LOSS, DivergenceMonitor
 from .errors import ConfigError
 from .evaluation import Evaluator
 from .optim import build_optimizer, set_learning_rate, unused_hyperparameters
@@ -238,6 +240,11 @@ class Run:
             "rng": rng,
             "world_size": self.ctx.world_size,
             "history": self.history.state(),
+            "divergence": self.divergence.state(),
+            # What `answer` reports when the run is resumed at its last step (killed between its
+            # final checkpoint and result.json): the newest evaluation and throughput.
+            "last_eval": dict(self.last_eval),
+            "examples_per_second": self.examples_per_second,
             "config": self.config.resolved(),
             "identity": self.config.identity,
             **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
@@ -252,6 +259,13 @@ class Run:
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         self.history = History.from_state(state["history"])
+        self.last_eval = {str(k): float(v) for k, v in state.get("last_eval", {}).items()}
+        eps = state.get("examples_per_second")
+        self.examples_per_second = None if eps is None else float(eps)
+        if "divergence" in state:
+            self.divergence.load_state(state["divergence"])
+        else:
+            self.rebuild_divergence(source)
         if state["world_size"] == self.ctx.world_size:
             _set_rng_state(state["rng"][self.ctx.rank], self.augment_rng, self.ctx.device)
         elif self.ctx.is_main:
@@ -260,6 +274,41 @@ class Run:
                 state["world_size"],
                 self.ctx.world_size,
             )
+
+    def rebuild_divergence(self, source: Path) -> None:
+        """A checkpoint written before the monitor's state was saved: replay the training losses
+        the run logged up to its step (the monitor saw exactly these values: metrics.jsonl holds
+        them as exact reprs), from this run's metrics.jsonl or the one beside the checkpoint's run
+        folder, whichever has more. Without the first step's loss (no file, or an attempt that was
+        itself resumed), the initial value is the workload's chance loss (what an untrained model's
+        loss is; the sanity check compares the first loss with it), never the first loss after
+        the resume, which may come from a lucky low batch; the losses found still give the minimum."""
+        losses: list[tuple[int, float]] = []
+        if self.ctx.is_main:
+            for path in dict.fromkeys([self.out_dir / METRICS_FILE, source.parent.parent / METRICS_FILE]):
+                found = logged_losses(path, self.step)
+                losses = found if len(found) > len(losses) else losses
+        losses = distributed.broadcast_object(losses, self.ctx)
+        complete = bool(losses) and losses[0][0] == 1
+        chance = self.workload.chance_loss
+        if not complete and chance is not None:
+            self.divergence.initial = chance
+        self.divergence.replay(losses)
+        if not self.ctx.is_main or len(losses) == self.step:
+            return
+        if complete:
+            reference = "its first loss"
+        elif chance is not None:
+            reference = f"the chance loss {chance:.4g} for its first"
+        else:
+            reference = "the first loss it found (the workload has no chance loss)"
+        _log.warning(
+            "checkpoint %s has no divergence state: rebuilt from %d of its %d training losses, with %s",
+            source,
+            len(losses),
+            self.step,
+            reference,
+        )
 
     def save(self, objective: float | None) -> None:
         state = self.state()
@@ -505,6 +554,28 @@ class Run:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             result.write(self.out_dir / RESULT_FILE)
         return result
+
+
+def logged_losses(path: Path, up_to: int) -> list[tuple[int, float]]:
+    """`(step, train/loss)` of every step up to `up_to` that `path` (a metrics.jsonl) logged, in
+    step order; none when the file is missing."""
+    try:
+        handle = path.open("rb")
+    except OSError:
+        return []
+    found: dict[int, float] = {}
+    with handle:
+        for line in handle:
+            if TRAIN_LOSS.encode() not in line or not line.endswith(b"\n"):
+                continue
+            try:
+                raw = json.loads(line)
+                step, value = int(raw["step"]), float(raw["value"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if raw.get("name") == TRAIN_LOSS and 1 <= step <= up_to:
+                found[step] = value
+    return sorted(found.items())
 
 
 def _global_norm(grads: list[torch.Tensor]) -> float:
