@@ -139,6 +139,7 @@ async def claim(adb: AsyncDatabase, worker_id: str, cpus: float, gpus: float, le
     """`leases.claim` for a claim without skipped studies, on Postgres: the same statement, the
     same reaping and the same history cut of a later attempt."""
     db = adb.db
+    db.lease_seconds = lease_seconds  # the reaper's grace after an outage (`leases._reap`)
     lease_id = str(uuid.uuid4())
     values: dict[str, Any] = {
         "lease_id": lease_id,
@@ -177,6 +178,7 @@ def _cut_history(db: Database, row: Any, lease_id: str) -> tuple[bool, Any]:
 
 async def heartbeat(adb: AsyncDatabase, trial_id: int, lease_id: str, lease_seconds: float) -> HeartbeatAnswer | None:
     """`leases.heartbeat`'s renewal; None when it renewed nothing (then `leases.heartbeat` says why)."""
+    adb.db.lease_seconds = lease_seconds
     renewed = await adb.fetch_one(_HEARTBEAT, {"id": trial_id, "lease_id": lease_id, "s": lease_seconds})
     if renewed is None:
         return None

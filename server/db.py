@@ -42,6 +42,12 @@ class Database:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._next_reap = 0.0
+        # When this process's reaper last reached the database (monotonic), and the lease its
+        # workers are given (the claims and heartbeats say it): after a longer silence the reaper
+        # first gives every running lease a lease period from now (docs/workers.md, "Database
+        # outages"), so workers whose heartbeats failed meanwhile are not reaped for it.
+        self._reached_at = time.monotonic()
+        self.lease_seconds = 60.0
         # The driver's own errors, raised past SQLAlchemy by code that uses the driver's
         # connection directly (COPY, binary cursors).
         self._driver_errors: tuple[type[BaseException], ...] = (self.engine.dialect.loaded_dbapi.Error,)
@@ -129,6 +135,13 @@ class Database:
             return False
         self._next_reap = now + interval
         return True
+
+    def unreached_for(self) -> float:
+        """Seconds since this process's reaper last reached the database."""
+        return time.monotonic() - self._reached_at
+
+    def reached(self) -> None:
+        self._reached_at = time.monotonic()
 
     def upgrade(self) -> None:
         """Brings the schema to the newest migration, exactly once however many servers start at

@@ -8,6 +8,7 @@ lease times come from the database clock."""
 from __future__ import annotations
 
 import functools
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
@@ -45,6 +46,7 @@ from .models import (
 )
 from .schemas import Claim, HeartbeatAnswer
 
+_log = logging.getLogger("hpo.server")
 # A worker that may run none of the first few studies in line gets 204 rather than a long search.
 MAX_REFUSED_STUDIES = 20
 
@@ -107,6 +109,7 @@ def claim(
     The hot path is one statement (pick, lease and read the study, with `FOR UPDATE SKIP LOCKED`
     on Postgres), built once per dialect; expired leases are reaped here at most once a second per
     process (and by the background reaper), not at every claim."""
+    db.lease_seconds = lease_seconds
     params = {
         "lease_id": str(uuid.uuid4()),
         "worker_id": worker_id,
@@ -252,6 +255,7 @@ def heartbeat(db: Database, trial_id: int, lease_id: str, lease_seconds: float) 
 
     On Postgres the renewal is one statement in autocommit; when it finds no row, the
     transaction below says why (404 or 409)."""
+    db.lease_seconds = lease_seconds
     if not db.is_sqlite:
         with db.statement() as connection:
             row = connection.execute(_heartbeat_statement(), {"id": trial_id, "lease_id": lease_id, "s": lease_seconds})
@@ -376,12 +380,54 @@ def cancel(db: Database, trial_id: int) -> None:
 
 def reap_expired(db: Database) -> int:
     """Requeues running trials whose lease expired (failing those past max_attempts); answers how
-    many. Safe to run from every server process at once."""
+    many. Safe to run from every server process at once. On Postgres in autocommit, as from a
+    claim: a lease extension after an outage (`_reap`) is committed before anything is reaped."""
+    if not db.is_sqlite:
+        with db.statement() as connection:
+            return _reap(connection, db)
     with db.transaction() as session:
         return _reap(session, db)
 
 
 def _reap(session: Session | Connection, db: Database) -> int:
+    # The background reaper passes every quarter lease (app._reap_forever) and claims reap too:
+    # a longer silence means this process could not reach the database (or did not run), and the
+    # workers' heartbeats failed as well. Every running lease first gets a lease period from now,
+    # the time a worker needs for its retried heartbeat to land: one idempotent UPDATE, so each
+    # server process that saw the outage may do it, and none reaps a live worker's trial first.
+    # The margin over a tick (a second at least, five at most) keeps a pass that a busy process
+    # ran late from reading as an outage; a live worker's lease cannot lapse before two thirds of
+    # a lease without a heartbeat (workers renew every third), and this is less.
+    silent = db.unreached_for()
+    if silent > db.lease_seconds / 4 + max(1.0, min(db.lease_seconds / 4, 5.0)):
+        extended = _extend_leases(session, db)
+        if extended:
+            _log.warning(
+                "lease reaper: the database was out of reach for %.0f s; %d running leases get %.0f s to heartbeat",
+                silent,
+                extended,
+                db.lease_seconds,
+            )
+    reaped = _reap_now(session, db)
+    db.reached()
+    return reaped
+
+
+def _extend_leases(session: Session | Connection, db: Database) -> int:
+    renewed = db.now_seconds() + bindparam("grace", db.lease_seconds, type_=Double())
+    short = select(Trial.id).where(Trial.status == TrialStatus.running, Trial.lease_expires_at < renewed)
+    if not db.is_sqlite:  # as in the reap: a row someone holds (a heartbeat renewing it) is skipped
+        short = short.with_for_update(skip_locked=True)
+    extend = (
+        update(Trial)
+        .where(Trial.id.in_(short.scalar_subquery()))
+        .values(lease_expires_at=renewed)
+        .execution_options(synchronize_session=False)
+    )
+    return int(session.execute(extend).rowcount or 0)  # type: ignore[attr-defined]
+
+
+def _reap_now(session: Session | Connection, db: Database) -> int:
     max_attempts = select(Study.max_attempts).where(Study.id == Trial.study_id).scalar_subquery()
     exhausted = Trial.failures + 1 >= max_attempts
     expired = select(Trial.id).where(Trial.status == TrialStatus.running, Trial.lease_expires_at < db.now_seconds())
