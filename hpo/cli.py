@@ -4,6 +4,7 @@ lazily inside the handlers, so `hpo server` loads neither torch nor Ray."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -71,11 +72,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_reader_gone() -> bool:
+    """Whether stdout's reader closed it, as opposed to a broken pipe or socket elsewhere (the
+    server's connection), which must not pass for success. A pipe or socket whose reader went away
+    polls as POLLERR (POLLHUP for sockets)."""
+    import select
+
+    if not hasattr(select, "poll"):
+        return True
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        events = poller.poll(0)
+    except (OSError, ValueError):
+        return False
+    return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in events)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         result = args.handler(args)
+        # Output to a pipe is block-buffered: flush here, where a closed pipe can still be caught.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        # The reader (`| head`) has what it wanted; as the Python docs' "Note on SIGPIPE" advises,
+        # point stdout at devnull so the interpreter's own flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except CliError as exc:
         print(f"hpo {args.command}: {exc}", file=sys.stderr)
         return 2
