@@ -33,7 +33,7 @@ from .analysis import queries
 from .analysis.divergence import load_trials
 from .analysis.model import TrialSummary, fmt
 from .db import Database
-from .errors import Conflict, InvalidInput, NotFound
+from .errors import Conflict, FieldError, InvalidInput, NotFound
 from .models import Pipeline, Round, RoundRecipe, Study
 from .pipelines import expand_spec, pipeline_or_404, round_or_404, round_studies
 from .spec import CROSSED_TYPES, Hyperparameter, parse_spec
@@ -120,6 +120,7 @@ def run_recipe(
     if kind not in KINDS:
         raise NotFound(f"recipe {kind!r} not found (recipes: {', '.join(KINDS)})")
     options = dict(options or {})
+    _check_options(kind, options)
     plan = PLANS[kind](db, _context(db, round_id, study_id, kind), options)
     if edited is not None:
         plan = Plan(
@@ -619,6 +620,28 @@ def read_longer(session: Session, recipe: RoundRecipe, trials: list[TrialSummary
         )
     )
     return {"runs": rows, "mean_change": None if mean is None else -mean, "message": message}
+
+
+# The options each recipe reads (docs/rounds.md, "Recipes"): any other name is refused, so a
+# misspelled option cannot pass silently for its default.
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "exploit": ("num_trials", "top_fraction"),
+    "steps": ("learning_rate", "rates", "max_train_steps", "threshold", "metric"),
+    "instability": ("learning_rate", "max_train_steps"),
+    "warmup": ("unstable_learning_rate", "factor"),
+    "longer": ("top", "factor"),
+}
+
+
+def _check_options(kind: str, options: Mapping[str, Any]) -> None:
+    known = OPTIONS[kind]
+    errors = [
+        FieldError(f"options.{key}", f"is not an option of the {kind} recipe; its options: {', '.join(known)}")
+        for key in options
+        if key not in known
+    ]
+    if errors:
+        raise InvalidInput(errors)
 
 
 PLANS: dict[str, Callable[[Database, Context, dict[str, Any]], Plan]] = {

@@ -87,7 +87,7 @@ def get_table(
     param: list[str] = Query(
         default_factory=list, description="NAME:LO:HI (open bounds may be empty) or NAME=VALUE (repeatable)"
     ),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**31 - 1),
     limit: int = Query(50, ge=1, le=1000),
 ) -> dict[str, Any]:
     """A page of the study's trial table, sorted and filtered on the server."""

@@ -79,7 +79,45 @@ def complete(schema: dict[str, Any]) -> dict[str, Any]:
         for method, operation in operations.items():
             _document_errors(path, method, operation)
     _add_links(schema)
+    _refuse_unstorable_text(schema)
     return schema
+
+
+# The server refuses a NUL character or a lone UTF-16 surrogate anywhere in a request, keys included
+# (hostile.py: no database can keep them), so the description says so on every string and every
+# object's keys: a client or a fuzzer that follows it sends only what the server accepts. Escapes,
+# not the characters themselves, so the document stays valid UTF-8; `u` semantics, as JSON Schema
+# asks of patterns, so a pair of surrogates (one character past U+FFFF) is accepted.
+STORABLE_TEXT = r"^[^\x00\uD800-\uDFFF]*$"
+
+
+def _refuse_unstorable_text(schema: dict[str, Any]) -> None:
+    for component in schema.get("components", {}).get("schemas", {}).values():
+        _storable(component)
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                _storable(parameter.get("schema", {}))
+
+
+def _storable(node: Any) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _storable(item)
+        return
+    if not isinstance(node, dict):
+        return
+    kind = node.get("type")
+    if (kind == "string" or (isinstance(kind, list) and "string" in kind)) and not {"enum", "const"} & node.keys():
+        if "pattern" not in node:
+            node["pattern"] = STORABLE_TEXT
+        elif node["pattern"] != STORABLE_TEXT:
+            node.setdefault("allOf", []).append({"pattern": STORABLE_TEXT})
+    if kind == "object" or "additionalProperties" in node:
+        node.setdefault("propertyNames", {"pattern": STORABLE_TEXT})
+    for key, value in node.items():
+        if key not in ("pattern", "propertyNames", "enum", "const", "default", "examples", "example"):
+            _storable(value)
 
 
 _STUDY = {"study_id": "$response.body#/id"}

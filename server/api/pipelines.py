@@ -56,7 +56,12 @@ def post_decision(db: DatabaseDep, round_id: RoundId, body: RoundDecision) -> di
     return evidence.decide(db, round_id, body.adopt, body.note, body.override)
 
 
-@router.post("/rounds/{round_id}/recipes/{kind}", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/rounds/{round_id}/recipes/{kind}",
+    status_code=status.HTTP_201_CREATED,
+    # A dry run creates nothing, so it answers 200, not 201 (docs/rounds.md, "Recipes").
+    responses={200: {"description": "`?dry_run=true`: the spec the recipe would create; nothing was written"}},
+)
 def post_recipe(
     db: DatabaseDep,
     settings: SettingsDep,
