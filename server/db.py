@@ -51,6 +51,8 @@ class Database:
         # The driver's own errors, raised past SQLAlchemy by code that uses the driver's
         # connection directly (COPY, binary cursors).
         self._driver_errors: tuple[type[BaseException], ...] = (self.engine.dialect.loaded_dbapi.Error,)
+        # What maps to a 503: SQLAlchemy's errors and the driver's own (raw COPY, binary cursors).
+        self._storage_errors: tuple[type[BaseException], ...] = (SQLAlchemyError, *self._driver_errors)
 
     def warm_pool(self, connections: int) -> None:
         """Opens `connections` pooled connections now (Postgres), so a burst of first requests,
@@ -85,7 +87,7 @@ class Database:
             # Two writers raced past the same check (e.g. one study name): the loser gets a 409.
             discard(session)
             raise Conflict(f"conflicting write: {exc.orig}") from exc
-        except (SQLAlchemyError, *self._driver_errors) as exc:
+        except self._storage_errors as exc:
             discard(session)
             raise storage_error(exc) from exc
         except BaseException:
@@ -101,7 +103,7 @@ class Database:
         `transaction()`. Postgres only; on SQLite use `transaction()` (BEGIN IMMEDIATE)."""
         try:
             connection = self._autocommit.connect()
-        except (SQLAlchemyError, *self._driver_errors) as error:
+        except self._storage_errors as error:
             raise storage_error(error) from error
         try:
             yield connection
@@ -109,7 +111,7 @@ class Database:
             raise
         except IntegrityError as error:
             raise Conflict(f"conflicting write: {error.orig}") from error
-        except (SQLAlchemyError, *self._driver_errors) as error:
+        except self._storage_errors as error:
             raise storage_error(error) from error
         finally:
             close_quietly(connection)
@@ -190,7 +192,7 @@ class Database:
 def storage_error(exc: BaseException) -> StorageError:
     """A driver error as the service's 503: a full disk by name (SQLite's SQLITE_FULL, Postgres'
     disk_full), anything else by the driver's error class (the details go to the log)."""
-    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    orig = (exc.orig or exc) if isinstance(exc, DBAPIError) else exc
     if _disk_full(orig):
         return StorageError("database disk is full")
     return StorageError(f"database error: {type(orig).__name__}")
