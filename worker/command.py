@@ -254,9 +254,11 @@ class CommandRun:
     def run(self) -> CommandResult:
         identity = self.s.identity
         # A folder of this attempt can only be left from an attempt returned unrun (worker/disk.py):
-        # the attempt starts clean.
+        # the attempt starts clean. Of the worker's folder only this process's own files go: Ray
+        # Train keeps its records there, made before any rank starts.
         remove_tree(self.s.out_dir)
-        remove_tree(self.log_dir)
+        for name in (CONFIG_FILE, STDOUT_FILE, STDERR_FILE, METRICS_FILE):
+            (self.log_dir / name).unlink(missing_ok=True)
         self.tree = TrialTree.create(self.s.out_dir)
         try:
             self._present = set(children_of(os.getpid()))
