@@ -48,6 +48,10 @@ class Collector(Protocol):
         """The points found since the last call."""
         ...
 
+    def close(self) -> None:
+        """Lets go of what it holds open (the supervisor's process outlives the trial)."""
+        ...
+
 
 class CollectorUnavailable(RuntimeError):
     """This worker cannot run the collector a study asks for (a missing optional package)."""
@@ -88,6 +92,9 @@ class StdoutCollector:
         for line in self._new_lines():
             points.extend(self.parse(line[:MAX_LINE]))
         return points
+
+    def close(self) -> None:
+        return None
 
     def _new_lines(self) -> Iterator[str]:
         try:

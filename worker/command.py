@@ -226,9 +226,8 @@ class CommandRun:
         self.tree: TrialTree | None = None
         self.tail = MetricsTail(settings.out_dir / METRICS_FILE, opener=lambda: self._tree.open_file(METRICS_FILE))
         self.accepted: Any = None  # the worker's own metrics.jsonl, which the HttpReporter tails
-        self.collector = (
-            collector_for(settings.collector, self._tree_now, self.log_dir / STDOUT_FILE) if sink is not None else None
-        )
+        collector = collector_for(settings.collector, lambda: self._tree, self.log_dir / STDOUT_FILE)
+        self.collector = collector if sink is not None else None
         self.containment: Containment | None = None
         self.names: set[str] = set()  # metric names the command wrote
         self.ckpt_dir = settings.out_dir / CHECKPOINT_DIR
@@ -247,9 +246,6 @@ class CommandRun:
     def _tree(self) -> TrialTree:
         assert self.tree is not None, "the attempt folder is opened by run()"
         return self.tree
-
-    def _tree_now(self) -> TrialTree:
-        return self._tree
 
     def run(self) -> CommandResult:
         identity = self.s.identity
@@ -284,6 +280,8 @@ class CommandRun:
             self.tree.close()
             if self.accepted is not None:
                 self.accepted.close()
+            if self.collector is not None:
+                self.collector.close()  # TensorBoard event files: a descriptor each
 
     def _end_processes(self) -> None:
         assert self.containment is not None

@@ -124,19 +124,9 @@ class Auth:
         scope.setdefault("state", {})["principal"] = principal
         # Every trial token shares one count: a worker token can claim many trials, each with a token.
         key = principal.token_hash or principal.role
-        admitted = self.token_uploads.admit(key, scope, receive)
-        if admitted is None:
-            self._refused_uploads.count()
-            busy = (
-                f"this token has {self.token_uploads.limit} uploads in progress (HPO_MAX_UPLOADS_PER_TOKEN); "
-                "retry shortly"
-            )
-            await _reply(send, 503, busy, [(b"retry-after", b"1"), (b"connection", b"close")])
-            return
-        try:
-            await self.app(scope, admitted.receive, send)
-        finally:
-            admitted.release()
+        limit = self.token_uploads.limit
+        busy = f"this token has {limit} uploads in progress (HPO_MAX_UPLOADS_PER_TOKEN); retry shortly"
+        await self._as_upload(self.token_uploads, key, self._refused_uploads, busy, scope, receive, send)
 
     async def _unauthenticated_call(self, scope: Scope, receive: Receive, send: Send) -> None:
         """An open path without a valid credential: served while fewer than the cap are."""
@@ -147,18 +137,26 @@ class Auth:
             return
         self.unauthenticated += 1  # one event loop per process: no await between check and count
         try:
-            admitted = self.anonymous_uploads.admit("", scope, receive)
-            if admitted is None:  # uploads still arriving hold their share: this one is refused
-                self._refused.count()
-                busy = "too many unauthenticated uploads in progress; retry shortly"
-                await _reply(send, 503, busy, [(b"retry-after", b"1"), (b"connection", b"close")])
-                return
-            try:
-                await self.app(scope, admitted.receive, send)
-            finally:
-                admitted.release()
+            # Uploads still arriving hold their share of the cap: past it, this one is refused.
+            busy = "too many unauthenticated uploads in progress; retry shortly"
+            await self._as_upload(self.anonymous_uploads, "", self._refused, busy, scope, receive, send)
         finally:
             self.unauthenticated -= 1
+
+    async def _as_upload(
+        self, uploads: Uploads, key: str, refused: Tally, busy: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Serves the request while `uploads` admits it under `key` (a request whose body is
+        still arriving counts until it has arrived); a 503 at once otherwise."""
+        admitted = uploads.admit(key, scope, receive)
+        if admitted is None:
+            refused.count()
+            await _reply(send, 503, busy, [(b"retry-after", b"1"), (b"connection", b"close")])
+            return
+        try:
+            await self.app(scope, admitted.receive, send)
+        finally:
+            admitted.release()
 
     async def _enabled(self) -> bool:
         if self.auth.enabled_is_cached():
