@@ -8,7 +8,9 @@ import argparse
 import json
 from typing import Any
 
-from hpo.study_cli import _json_flag, _num, _read_spec, add_server_option, render_table, request
+from hpo.cli import CliError
+from hpo.client import add_server_option, json_flag, read_spec, request
+from hpo.tables import num, render_table
 
 RECIPES = ("exploit", "steps", "instability", "warmup", "longer")
 
@@ -24,12 +26,12 @@ def register(subparsers: Any) -> None:
     commands = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="COMMAND")
     create = _command(commands, "create", "create a pipeline from a JSON file (docs/rounds.md)", _pipeline_create)
     create.add_argument("-f", "--file", required=True, help="the pipeline (JSON); - reads standard input")
-    _json_flag(create, "print the pipeline as JSON")
+    json_flag(create, "print the pipeline as JSON")
     listing = _command(commands, "list", "list pipelines, newest first", _pipeline_list)
-    _json_flag(listing, "print the page of pipelines as JSON")
+    json_flag(listing, "print the page of pipelines as JSON")
     show = _command(commands, "show", "show a pipeline: baseline, launches and rounds", _pipeline_show)
     show.add_argument("pipeline_id", type=int, help="the pipeline's id")
-    _json_flag(show, "print the pipeline as JSON")
+    json_flag(show, "print the pipeline as JSON")
 
     rounds = subparsers.add_parser(
         "round",
@@ -47,16 +49,16 @@ def register(subparsers: Any) -> None:
         default="improve",
         help="the round's kind (default improve)",
     )
-    _json_flag(create, "print the round as JSON")
+    json_flag(create, "print the round as JSON")
     show = _command(commands, "show", "show a round: studies, candidate, evidence, recipes, decision", _round_show)
     show.add_argument("round_id", type=int, help="the round's id")
-    _json_flag(show, "print the round as JSON")
+    json_flag(show, "print the round as JSON")
     replicas = _command(
         commands, "replicas", "run the candidate and the baseline again with new seeds (trial variance)", _replicas
     )
     replicas.add_argument("round_id", type=int, help="the round's id")
     replicas.add_argument("--count", type=int, required=True, help="new seeds of each, 1 to 100")
-    _json_flag(replicas, "print the new trial ids as JSON")
+    json_flag(replicas, "print the new trial ids as JSON")
     recipe = _command(commands, "recipe", "create a round's study from a recipe (docs/rounds.md, Recipes)", _recipe)
     recipe.add_argument("round_id", type=int, help="the round's id")
     recipe.add_argument("kind", choices=RECIPES, help="the recipe")
@@ -70,7 +72,7 @@ def register(subparsers: Any) -> None:
     )
     recipe.add_argument("--dry-run", action="store_true", help="print the study spec it would create; create nothing")
     recipe.add_argument("-f", "--file", help="run this (edited) study spec instead of the recipe's own (JSON)")
-    _json_flag(recipe, "print the answer as JSON")
+    json_flag(recipe, "print the answer as JSON")
     decide = _command(commands, "decide", "record the round's decision; adopting moves the baseline", _decide)
     decide.add_argument("round_id", type=int, help="the round's id")
     choice = decide.add_mutually_exclusive_group(required=True)
@@ -78,7 +80,7 @@ def register(subparsers: Any) -> None:
     choice.add_argument("--reject", action="store_true", help="keep the baseline")
     decide.add_argument("--note", default="", help="why (needed with --override; default: empty)")
     decide.add_argument("--override", action="store_true", help="adopt although the verdict is not 'better'")
-    _json_flag(decide, "print the decided round as JSON")
+    json_flag(decide, "print the decided round as JSON")
 
 
 def _command(commands: Any, name: str, help_text: str, handler: Any) -> argparse.ArgumentParser:
@@ -97,7 +99,7 @@ def _print_json(value: Any) -> int:
 
 
 def _pipeline_create(args: argparse.Namespace) -> int:
-    pipeline = request(args, "POST", "/api/v1/pipelines", _read_spec(args.file))
+    pipeline = request(args, "POST", "/api/v1/pipelines", read_spec(args.file))
     if args.json:
         return _print_json(pipeline)
     print(
@@ -121,7 +123,7 @@ def _pipeline_list(args: argparse.Namespace) -> int:
             f"{p['objective']['mode']} {p['objective']['metric']}",
             str(p["round_count"]),
             str(p["launch_count"]),
-            _num((p["baseline"]["objective"] or {}).get("mean")),
+            num((p["baseline"]["objective"] or {}).get("mean")),
         ]
         for p in page["items"]
     ]
@@ -185,12 +187,12 @@ def _round_show(args: argparse.Namespace) -> int:
     print(f"round {r['id']} (number {r['number']} of pipeline {r['pipeline']['name']!r}) [{r['status']}] {r['kind']}")
     print(f"  goal: {r['goal']}")
     for s in r["studies"]:
-        print(f"  study {s['id']} {s['name']!r} [{s['status']}] best {_num(s['best_value'])}")
+        print(f"  study {s['id']} {s['name']!r} [{s['status']}] best {num(s['best_value'])}")
     candidate = r["candidate"]
     if candidate:
         print(
             f"  candidate: trial {candidate['trial_id']} (study {candidate['study_id']}) "
-            f"= {_num(candidate['objective'])}"
+            f"= {num(candidate['objective'])}"
         )
         changed = {k: v for k, v in candidate["params"].items() if r["pipeline"]["baseline_params"].get(k) != v}
         print(f"    differs from the baseline in: {_params(changed) or 'nothing'}")
@@ -200,7 +202,7 @@ def _round_show(args: argparse.Namespace) -> int:
         for side in ("candidate", "baseline"):
             s = ev[side]
             print(
-                f"    {side}: mean {_num(s['mean'])} ± {_num(s['std'])} over {s['n']} runs, {s['diverged']} diverged, "
+                f"    {side}: mean {num(s['mean'])} ± {num(s['std'])} over {s['n']} runs, {s['diverged']} diverged, "
                 f"{s['pending']} pending"
             )
     for recipe in r.get("recipes") or []:
@@ -224,7 +226,6 @@ def _replicas(args: argparse.Namespace) -> int:
 
 
 def _recipe(args: argparse.Namespace) -> int:
-    from hpo.cli import CliError
 
     options: dict[str, Any] = {}
     for item in args.set:
@@ -239,7 +240,7 @@ def _recipe(args: argparse.Namespace) -> int:
     if args.study is not None:
         body["study_id"] = args.study
     if args.file:
-        body["spec"] = _read_spec(args.file)
+        body["spec"] = read_spec(args.file)
     query = "?dry_run=true" if args.dry_run else ""
     answer = request(args, "POST", f"/api/v1/rounds/{args.round_id}/recipes/{args.kind}", body, params=query)
     if args.json or args.dry_run:
@@ -266,17 +267,17 @@ def _decide(args: argparse.Namespace) -> int:
 
 
 def _params(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={_num(v)}" for k, v in sorted(params.items()))
+    return ", ".join(f"{k}={num(v)}" for k, v in sorted(params.items()))
 
 
 def _changes(changed: dict[str, dict[str, Any]]) -> str:
-    return ", ".join(f"{k} {_num(v['before'])} -> {_num(v['after'])}" for k, v in sorted(changed.items())) or "-"
+    return ", ".join(f"{k} {num(v['before'])} -> {num(v['after'])}" for k, v in sorted(changed.items())) or "-"
 
 
 def _measure(objective: dict[str, Any] | None) -> str:
     if not objective or objective.get("mean") is None:
-        return "unmeasured" if not objective or objective.get("value") is None else _num(objective["value"])
-    return f"{_num(objective['mean'])} ± {_num(objective.get('std'))} (n={objective.get('n')})"
+        return "unmeasured" if not objective or objective.get("value") is None else num(objective["value"])
+    return f"{num(objective['mean'])} ± {num(objective.get('std'))} (n={objective.get('n')})"
 
 
 def _decision(decision: dict[str, Any] | None) -> str:

@@ -7,7 +7,9 @@ import argparse
 import json
 from typing import Any
 
-from hpo.study_cli import _json_flag, _num, add_server_option, request
+from hpo.cli import CliError
+from hpo.client import add_server_option, json_flag, request
+from hpo.tables import num
 
 
 def register(subparsers: Any) -> None:
@@ -21,12 +23,12 @@ def register(subparsers: Any) -> None:
     commands = trial.add_subparsers(dest="trial_command", required=True, metavar="COMMAND")
 
     show = _command(commands, "show", "show a trial: arm, params, status, objective, failure", _show)
-    _json_flag(show, "print the trial resource as JSON")
+    json_flag(show, "print the trial resource as JSON")
 
     cancel = _command(
         commands, "cancel", "cancel a pending or running trial (a running one stops at its next heartbeat)", _cancel
     )
-    _json_flag(cancel, "print the trial resource as JSON")
+    json_flag(cancel, "print the trial resource as JSON")
 
     replicas = _command(
         commands,
@@ -35,7 +37,7 @@ def register(subparsers: Any) -> None:
         _replicas,
     )
     replicas.add_argument("--count", type=int, default=1, help="how many replicas to add, 1 to 100 (default 1)")
-    _json_flag(replicas, "print the new trial ids as JSON")
+    json_flag(replicas, "print the new trial ids as JSON")
 
     retry = _command(
         commands,
@@ -43,7 +45,7 @@ def register(subparsers: Any) -> None:
         "run a failed trial again as a new trial (same params and seed), e.g. once the operator allowed its command",
         _retry,
     )
-    _json_flag(retry, "print the new trial's id as JSON")
+    json_flag(retry, "print the new trial's id as JSON")
 
 
 def _command(commands: Any, name: str, help_text: str, handler: Any) -> argparse.ArgumentParser:
@@ -69,10 +71,10 @@ def _summary(trial: dict[str, Any]) -> str:
         f"trial {trial['id']} (study {trial['study_id']}, number {trial['number']}) [{trial['status']}]",
         f"  arm: {arm}; seed {trial['seed']}; attempt {trial['attempt']}"
         + (f"; replica of trial {trial['replica_of']}" if trial.get("replica_of") is not None else ""),
-        "  params: " + ", ".join(f"{k}={_num(v)}" for k, v in trial["params"].items()),
+        "  params: " + ", ".join(f"{k}={num(v)}" for k, v in trial["params"].items()),
     ]
     if trial.get("objective_value") is not None:
-        lines.append(f"  objective: {_num(trial['objective_value'])} at step {trial['best_step']}")
+        lines.append(f"  objective: {num(trial['objective_value'])} at step {trial['best_step']}")
     if trial.get("error"):
         step = f" at step {trial['error_step']}" if trial.get("error_step") is not None else ""
         lines.append(f"  {trial.get('fail_kind') or 'error'}{step}: {trial['error']}")
@@ -101,7 +103,6 @@ def _retry(args: argparse.Namespace) -> int:
 
 
 def _replicas(args: argparse.Namespace) -> int:
-    from hpo.cli import CliError
 
     if not 1 <= args.count <= 100:
         raise CliError(f"--count must be between 1 and 100, got {args.count}")

@@ -12,7 +12,9 @@ import sys
 import time
 from typing import Any
 
-from hpo.study_cli import progress_line, request
+from hpo.cli import CliError
+from hpo.client import request
+from hpo.tables import progress_line
 
 STALL_SECONDS = 300.0
 
@@ -57,8 +59,6 @@ def _plain(args: argparse.Namespace, deadline: float | None, interval: float) ->
 
 
 def _poll(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    from hpo.cli import CliError
-
     study = request(args, "GET", f"/api/v1/studies/{args.study_id}")
     try:
         progress = request(args, "GET", f"/api/v1/studies/{args.study_id}/charts/progress")
@@ -76,7 +76,7 @@ def summary_line(study: dict[str, Any], progress: dict[str, Any] | None) -> str:
     """`name [status] [####....] 12/48 finished (3 running) best 0.1234 · ETA 14 min`."""
     line = f"{study['name']} [{study['status']}] " + progress_line(study["trial_counts"])
     if study.get("best_value") is not None:
-        line += f" best {_num(study['best_value'])}"
+        line += f" best {num(study['best_value'])}"
     eta = (progress or {}).get("eta_seconds")
     left = study["trial_counts"]["pending"] + study["trial_counts"]["running"]
     if left and eta is not None:
@@ -99,7 +99,7 @@ def render(study: dict[str, Any], progress: dict[str, Any] | None) -> Any:
     head.append(f"study {study['id']} {study['name']} ", style="bold")
     head.append(f"[{study['status']}]", style="cyan")
     if study.get("best_value") is not None:
-        head.append(f"  best {study['objective']['metric']} = {_num(study['best_value'])}")
+        head.append(f"  best {study['objective']['metric']} = {num(study['best_value'])}")
         if study.get("best_trial_id") is not None:
             head.append(f" (trial {study['best_trial_id']})", style="dim")
     bar = Table.grid(padding=(0, 1), expand=True)
@@ -162,5 +162,5 @@ def duration(seconds: float) -> str:
     return f"{s / 86400:.1f} d"
 
 
-def _num(value: Any) -> str:
+def num(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)

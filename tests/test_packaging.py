@@ -68,3 +68,21 @@ def test_compose_services_wait_for_healthy_dependencies() -> None:
     assert services["gpu-worker"]["depends_on"] == {"ray-head": {"condition": "service_healthy"}}
     environment = compose["x-hpo"]["environment"]
     assert environment["RAY_AUTH_MODE"] == "token" and "RAY_AUTH_TOKEN" in environment
+
+
+def test_every_package_folder_is_listed_for_the_wheel() -> None:
+    """An editable install finds a package folder that `packages` leaves out, a built wheel does not:
+    every folder with an `__init__.py` under the installed parts is listed, under its import name."""
+    text = (REPO / "pyproject.toml").read_text()
+    packages = re.search(r"^packages = \[(.*)\]$", text, flags=re.M)
+    assert packages is not None
+    listed = set(re.findall(r'"(hpo(?:\.\w+)*)"', packages.group(1)))
+    roots = {"hpo": "hpo", "server": "hpo.server", "worker": "hpo.worker", "trainer": "hpo.trainer"}
+    roots["migrations"] = "hpo.migrations"
+    found = set()
+    for folder, name in roots.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(REPO / folder).parts
+            found.add(".".join((name, *parts)))
+    assert found - listed == set(), "package folders missing from pyproject.toml's packages"
+    assert listed - found == set(), "pyproject.toml lists packages that have no folder"
