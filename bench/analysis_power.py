@@ -35,7 +35,7 @@ from hpo.server.analysis.feasibility import value_concentration
 from hpo.server.analysis.model import Curve, TrialSummary
 from hpo.server.analysis.outliers import robust_best
 from hpo.server.analysis.queries import CurveStats
-from hpo.server.analysis.space import dimensions
+from hpo.server.space.search_space import dimensions
 from hpo.trainer.divergence import Series, judge
 
 HORIZON = 2000

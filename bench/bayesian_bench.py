@@ -36,7 +36,7 @@ import numpy as np
 from scipy.stats import qmc
 
 from hpo.server.bayesian.designer import Problem, propose
-from hpo.server.layout import map_unit
+from hpo.server.space.dimension import map_unit
 from hpo.server.spec import Hyperparameter
 
 BUDGET = 40

@@ -27,7 +27,7 @@ from scipy.stats import qmc
 
 from hpo.server.analysis.boundary import check_boundaries
 from hpo.server.analysis.model import TrialSummary, arm_key
-from hpo.server.analysis.space import Dimension, from_unit
+from hpo.server.space.search_space import Dimension, from_unit
 
 LR = Dimension("learning_rate", "nuisance", "float", 1e-4, 1.0, "log")
 WD = Dimension("weight_decay", "nuisance", "float", 1e-6, 1e-2, "log")

@@ -31,10 +31,10 @@ from .analysis.divergence import load_trials
 from .analysis.model import TrialSummary, arm_label, fmt
 from .analysis.plotdata import plot_data
 from .analysis.service import horizon_of, json_safe, kept_analysis
-from .analysis.space import Dimension, dimensions
 from .db import Database, epoch_seconds
 from .errors import InvalidInput, NotFound
 from .models import Trial, TrialAttempt, TrialStatus
+from .space.search_space import Dimension, dimensions
 from .spec import ANALYSIS_METRICS
 
 _log = logging.getLogger("hpo.server.charts")

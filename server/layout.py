@@ -18,6 +18,7 @@ import numpy as np
 from scipy.stats import qmc
 
 from .errors import FieldError, InvalidInput
+from .space.dimension import map_unit, outside_reason
 from .spec import Hyperparameter, StudySpec, crossed_arms, sampled_names
 
 OPTIMIZER_PARAMS = ("learning_rate", "momentum", "beta1", "beta2", "epsilon", "weight_decay")
@@ -127,29 +128,6 @@ def _params_at(arm: dict[str, Any], declarations: list[Hyperparameter], position
     return params
 
 
-def map_unit(hp: Hyperparameter, u: float) -> Any:
-    """A unit value in [0, 1) to a value of the declaration, in the space of its scale."""
-    if hp.type in ("categorical", "discrete"):
-        values = hp.values or []
-        return values[min(int(math.floor(u * len(values))), len(values) - 1)]
-    low, high = float(hp.min or 0.0), float(hp.max or 0.0)
-    if hp.type == "int":
-        # Draw over [min - 0.5, max + 0.5] so the end values are as likely as the inner ones.
-        low, high = (low - 0.5, high + 0.5) if hp.scale == "linear" else (max(low - 0.5, low / 2), high + 0.5)
-        return int(min(max(round(_scaled(hp.scale, low, high, u)), hp.min or 0), hp.max or 0))
-    # exp(log(max)) can land an ulp past max (0.1 -> 0.10000000000000006): a value outside the
-    # declared range, which the spec's own checks (and the designer's snapping) would refuse.
-    return min(max(_scaled(hp.scale, low, high, u), low), high)
-
-
-def _scaled(scale: str, low: float, high: float, u: float) -> float:
-    if scale == "log":
-        return math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
-    if scale == "reverse_log":
-        return 1.0 - math.exp(math.log(1.0 - high) + (1.0 - u) * (math.log(1.0 - low) - math.log(1.0 - high)))
-    return low + u * (high - low)
-
-
 def _unit_points(spec: StudySpec, start: int, count: int, sampler: qmc.Halton | None = None) -> list[list[float]]:
     """The unit points `start … start+count-1`; `sampler` (from `_halton`, already at `start`)
     continues a Halton sequence instead of scrambling a new one (for d = 1,000 a new one costs more
@@ -252,24 +230,12 @@ def _manual_errors(spec: StudySpec, arm: dict[str, Any], params: dict[str, Any],
         elif name not in applicable:
             yield FieldError(f"{path}.{name}", "is not a hyperparameter of this study for this arm")
         else:
-            reason = _outside(applicable[name], value)
+            reason = outside_reason(applicable[name], value)
             if reason:
                 yield FieldError(f"{path}.{name}", reason)
     for name in applicable:
         if name not in params:
             yield FieldError(f"{path}.{name}", "is missing")
-
-
-def _outside(hp: Hyperparameter, value: Any) -> str | None:
-    if hp.type in ("categorical", "discrete"):
-        return None if value in (hp.values or []) else f"must be one of {hp.values}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "must be a finite number"
-    if hp.type == "int" and value != int(value):
-        return "must be a whole number"
-    if not (hp.min or 0) <= value <= (hp.max or 0):
-        return f"must be within [{hp.min}, {hp.max}]"
-    return None
 
 
 def design_warnings(spec: StudySpec) -> list[dict[str, Any]]:

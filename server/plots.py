@@ -25,7 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from .analysis.model import TrialSummary  # noqa: E402
-from .analysis.space import Dimension, from_unit  # noqa: E402
+from .space.search_space import Dimension, from_unit  # noqa: E402
 
 FORMATS = {"svg": "image/svg+xml", "png": "image/png"}
 DPI = 150  # PNGs for reports: readable when printed or zoomed

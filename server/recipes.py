@@ -36,6 +36,7 @@ from .db import Database
 from .errors import Conflict, FieldError, InvalidInput, NotFound
 from .models import Pipeline, Round, RoundRecipe, Study
 from .pipelines import expand_spec, pipeline_or_404, round_or_404, round_studies
+from .space import ranges
 from .spec import CROSSED_TYPES, Hyperparameter, parse_spec
 
 KINDS = ("exploit", "steps", "instability", "warmup", "longer")
@@ -327,22 +328,9 @@ def _refined(hp: Hyperparameter, values: list[Any], boundary: set[tuple[Any, Any
     if hp.type in CROSSED_TYPES:
         kept = [v for v in hp.values or [] if v in values]
         return {"values": kept or list(hp.values or [])}, []
-    to, back = _scale(hp.scale)
-    lo_old, hi_old = to(float(hp.min or 0.0)), to(float(hp.max or 0.0))
-    if hp.scale == "reverse_log":
-        lo_old, hi_old = hi_old, lo_old
-    points = [to(float(v)) for v in values] or [lo_old, hi_old]
-    low, high = min(points), max(points)
-    pad = max(0.25 * (high - low), 0.05 * (hi_old - lo_old))
-    low, high = max(lo_old, low - pad), min(hi_old, high + pad)
-    moved: list[str] = []
-    # In the scale's space a reverse_log range runs from max (low) to min (high).
-    low_side, high_side = ("max", "min") if hp.scale == "reverse_log" else ("min", "max")
-    if (hp.name, low_side) in boundary:
-        low, moved = lo_old - 0.5 * (hi_old - lo_old), [*moved, low_side]
-    if (hp.name, high_side) in boundary:
-        high, moved = hi_old + 0.5 * (hi_old - lo_old), [*moved, high_side]
-    a, b = sorted((back(low), back(high)))
+    extend = ((hp.name, "min") in boundary, (hp.name, "max") in boundary)
+    moved = [side for side, at_edge in zip(("min", "max"), extend, strict=True) if at_edge]
+    a, b = ranges.refined(hp.scale, float(hp.min or 0.0), float(hp.max or 0.0), [float(v) for v in values], extend)
     if hp.scale != "log" and (hp.min or 0) >= 0:
         a = max(a, 0.0)
     if hp.scale == "reverse_log":
@@ -352,14 +340,6 @@ def _refined(hp: Hyperparameter, values: list[Any], boundary: set[tuple[Any, Any
         if a == b:
             b = a + 1
     return {"min": a, "max": b}, moved
-
-
-def _scale(scale: str) -> tuple[Callable[[float], float], Callable[[float], float]]:
-    if scale == "log":
-        return math.log, math.exp
-    if scale == "reverse_log":
-        return (lambda v: math.log(1 - v)), (lambda u: 1 - math.exp(u))
-    return (lambda v: v), (lambda u: u)
 
 
 # --- steps -----------------------------------------------------------------------------------------

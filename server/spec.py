@@ -33,12 +33,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from . import guards
 from .errors import FieldError, InvalidInput
+from .space.dimension import CELL_TYPES, contains, outside_reason, value_key
 from .values import INTEGRAL, Integer
 
 MAX_TRIALS_PER_STUDY = 100_000
 MAX_SPEC_DEPTH = 32
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-/]+")
-CROSSED_TYPES = ("categorical", "discrete")
+# Categorical and discrete scientific values are crossed into arms: the listed types, whose values
+# are cells of the unit interval.
+CROSSED_TYPES = CELL_TYPES
 RANGE_TYPES = ("float", "int")
 
 
@@ -53,22 +56,6 @@ def _scalar(value: Any) -> Any:
 # One clear error for a value of the wrong kind, instead of one per member of a union.
 Scalar = Annotated[Any, AfterValidator(_scalar)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-
-
-def value_key(value: Any) -> tuple[str, Any]:
-    """A comparison key that keeps booleans apart from numbers (`True == 1` in Python) and lets
-    `2 == 2.0`; used wherever a value is looked up among declared values."""
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, (int, float)):
-        return ("number", float(value))
-    return (type(value).__name__, value)
-
-
-def contains(values: Iterable[Any], value: Any) -> bool:
-    """Whether `value` is one of `values`, compared by `value_key`."""
-    key = value_key(value)
-    return any(value_key(v) == key for v in values)
 
 
 class _Strict(BaseModel):
@@ -579,9 +566,29 @@ def _algorithm_errors(spec: StudySpec) -> Iterator[FieldError]:
     if spec.algorithm == "grid":
         yield from _grid_errors(spec)
     if spec.algorithm == "bayesian" or spec.bayesian is not None:
-        from .bayesian.settings import spec_errors  # the bayesian package owns its rules
+        yield from _bayesian_errors(spec)
 
-        yield from spec_errors(spec)
+
+def _bayesian_errors(spec: StudySpec) -> Iterator[FieldError]:
+    """Why a spec is not a valid bayesian study (nothing when it is): scientific hyperparameters
+    are crossed into arms, never searched (docs/bayesian.md), and there is something to search."""
+    if spec.algorithm != "bayesian":
+        yield FieldError("bayesian", f'is only for algorithm "bayesian", not {spec.algorithm!r}')
+        return
+    for index, hp in enumerate(spec.hyperparameters):
+        if hp.role == "scientific" and hp.type in RANGE_TYPES:
+            yield FieldError(
+                f"hyperparameters[{index}].role",
+                f"a bayesian study cannot compare values of the continuous scientific {hp.name!r}: it optimizes over "
+                "what it searches; make it nuisance, or list the values to compare (type discrete) as arms",
+            )
+    if not sampled_names(spec):
+        yield FieldError("hyperparameters", "a bayesian study needs at least one nuisance hyperparameter to optimize")
+    settings = spec.bayesian
+    if settings is not None and settings.initial_trials is not None and settings.initial_trials > spec.num_trials:
+        yield FieldError(
+            "bayesian.initial_trials", f"must be at most num_trials ({settings.initial_trials} > {spec.num_trials})"
+        )
 
 
 def _grid_errors(spec: StudySpec) -> Iterator[FieldError]:
@@ -659,16 +666,3 @@ def _manual_value_reason(
     if spec.declarations(name):
         return f"does not apply to the arm {arm} (see its when)"
     return "is not a hyperparameter of this study"
-
-
-def outside_reason(hp: Hyperparameter, value: Any) -> str | None:
-    """Why `value` is not in the declaration's space, or None when it is."""
-    if hp.type in CROSSED_TYPES:
-        return None if contains(hp.values or [], value) else f"must be one of {hp.values}, not {value!r}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return f"must be a finite number, not {value!r}"
-    if hp.type == "int" and not float(value).is_integer():
-        return f"must be a whole number, not {value!r}"
-    if not (hp.min is not None and hp.max is not None and hp.min <= value <= hp.max):
-        return f"must be within [{hp.min}, {hp.max}], not {value!r}"
-    return None

@@ -22,11 +22,11 @@ from sqlalchemy import func, select, text
 from .analysis import queries
 from .analysis.model import TrialSummary, arm_label
 from .analysis.service import json_safe
-from .analysis.space import Dimension, dimensions
 from .charts import trial_summaries
 from .db import Database
 from .errors import FieldError, InvalidInput
 from .models import MetricPoint, Trial, resumed
+from .space.search_space import Dimension, dimensions
 
 SORT_KEYS = ("number", "id", "objective", "status", "best_step", "started_at", "finished_at", "duration")
 SORT_PREFIXES = ("param:", "metric:")

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from ..space.search_space import Dimension, is_regularizer, unit
 from .diagnostics import NEEDS, NOISE_CLEARANCE, Finding, check_curves, overfit_threshold
 from .model import Curve, TrialSummary, fmt, warning
 from .queries import CurveStats
-from .space import Dimension, unit
 
 OBJECTIVE_TRAIN = "train/loss"
 
@@ -114,9 +114,7 @@ LOW_STRENGTH = 0.5
 
 
 def regularizers(dims: Sequence[Dimension]) -> list[Dimension]:
-    """The scientific hyperparameters that are regularizers (by name, `space.is_regularizer`)."""
-    from .space import is_regularizer
-
+    """The scientific hyperparameters that are regularizers (by name, `is_regularizer`)."""
     return [d for d in dims if d.role == "scientific" and is_regularizer(d.name)]
 
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from ..db import Database
 from ..errors import NotFound
 from ..models import Checkpoint, Trial
+from ..space.search_space import dimensions
 from . import queries
 from .aliases import aliases_of, filed, metric_name, missing_metric
 from .arms import arm_summaries
@@ -22,7 +23,6 @@ from .divergence import best_ranks, load_trials
 from .isolation import isolation_series
 from .model import TrialSummary
 from .service import BEST_FEW, GRAD_NORM, best_curves, budgets, horizon_of, late_noise_by_arm, noise_floors, noise_of
-from .space import dimensions
 from .stopped import concluding, stopped_short
 from .training import best_step_summary
 

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from ..bayesian.view import bayesian_view
 from ..db import Database
 from ..models import resumed
+from ..space.search_space import Dimension, dimensions
 from . import memo, queries
 from .aliases import aliases_of, filed, metric_name, renamed_study, renamed_trials
 from .arms import arm_summaries, comparison, comparison_warnings, trial_variance
@@ -36,7 +37,6 @@ from .feasibility import (
 from .isolation import isolation_series
 from .model import Curve, TrialSummary, arm_key, fmt, warning
 from .skipped import best_step_skips, budget_skips, curve_skips, instability_skips, merged, name_skips
-from .space import Dimension, dimensions
 from .stopped import concluding, stopped_short, stopped_short_caveat, stopped_short_warnings
 from .training import (
     best_step_summary,

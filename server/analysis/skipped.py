@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..space.search_space import Dimension, is_learning_rate
 from .budget import MIN_TRIALS
 from .curves import OBJECTIVE_TRAIN
 from .diagnostics import TRAIN_LOGS_NEEDED, curve_needs
 from .feasibility import neighbours_above_best
 from .model import Curve, TrialSummary
-from .space import Dimension, is_learning_rate
 from .training import TOP_MIN
 
 Skip = tuple[str, str, int | None]

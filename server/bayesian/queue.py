@@ -35,6 +35,8 @@ from .. import layout
 from ..db import Database
 from ..errors import StorageError, one_line
 from ..models import BayesianProposal, BayesianState, Study, StudyStatus, Trial, TrialStatus
+from ..space.dimension import map_unit, to_unit
+from ..space.search_space import ArmSpace
 from ..spec import StudySpec, parse_spec
 from . import settings as bayes
 from .designer import Problem, Proposal, propose
@@ -70,7 +72,7 @@ class Job:
     """One designer call: `q` proposals for one arm of one study."""
 
     study_id: int
-    space: bayes.ArmSpace
+    space: ArmSpace
     problem: Problem
     first_index: int
     observed_ids: list[int]
@@ -249,9 +251,9 @@ def _arm_states(session: Session, spec: StudySpec, study: Study) -> list[_ArmSta
     return states
 
 
-def _unit_of(space: bayes.ArmSpace, params: dict[str, Any]) -> list[float] | None:
+def _unit_of(space: ArmSpace, params: dict[str, Any]) -> list[float] | None:
     """A manual trial's place in the unit cube (its params mapped back), None if outside."""
-    point = [bayes.to_unit(hp, params.get(hp.name)) for hp in space.declarations]
+    point = [to_unit(hp, params.get(hp.name)) for hp in space.declarations]
     if any(u != u for u in point):  # NaN: a value outside the space
         return None
     return space.embed(point)
@@ -316,8 +318,6 @@ def _record(job: Job, trial_id: int, offset: int) -> BayesianProposal:
 
 def _view(job: Job) -> dict[str, Any]:
     """The designer's view in the values of each hyperparameter (the analysis shows it as is)."""
-    from ..layout import map_unit
-
     assert job.proposal is not None and job.proposal.view is not None
     view = job.proposal.view
     slices = []

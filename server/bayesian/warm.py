@@ -20,7 +20,9 @@ from sqlalchemy.orm import Session
 from .. import layout
 from ..errors import FieldError, InvalidInput
 from ..models import Study, Trial, TrialStatus
-from ..spec import CROSSED_TYPES, Hyperparameter, StudySpec, contains, parse_spec, value_key
+from ..space.dimension import contains, to_unit, value_key
+from ..space.search_space import ArmSpace
+from ..spec import CROSSED_TYPES, Hyperparameter, StudySpec, parse_spec
 from . import settings as bayes
 
 Observation = list[Any]  # [full unit point of the new study, objective value or None (infeasible)]
@@ -116,12 +118,11 @@ def _insensitive_inside(hp: Hyperparameter, theirs: list[Hyperparameter]) -> boo
     exploit recipe, docs/rounds.md) inside a range searched there: the earlier trials still inform
     the model, their value of it is set aside (`_place`)."""
     return hp.source == "insensitive" and any(
-        t.varied and t.type in ("float", "int") and bayes.to_unit(t, hp.value) == bayes.to_unit(t, hp.value)
-        for t in theirs
+        t.varied and t.type in ("float", "int") and to_unit(t, hp.value) == to_unit(t, hp.value) for t in theirs
     )
 
 
-def _place(spec: StudySpec, space: bayes.ArmSpace, params: dict[str, Any]) -> list[float] | None:
+def _place(spec: StudySpec, space: ArmSpace, params: dict[str, Any]) -> list[float] | None:
     """The trial's full unit point in the new study for this arm, None when its params are not a
     point of the arm (another arm's value, another fixed value, outside a narrowed range)."""
     for name, value in space.arm.items():
@@ -131,7 +132,7 @@ def _place(spec: StudySpec, space: bayes.ArmSpace, params: dict[str, Any]) -> li
         fixed_here = hp.role == "fixed" and hp.source != "insensitive" and hp.holds(space.arm) and hp.name in params
         if fixed_here and value_key(params[hp.name]) != value_key(hp.value):
             return None
-    point = [bayes.to_unit(hp, params.get(hp.name)) for hp in space.declarations]
+    point = [to_unit(hp, params.get(hp.name)) for hp in space.declarations]
     if any(u != u for u in point):  # NaN: missing or outside the new space
         return None
     return space.embed(point)

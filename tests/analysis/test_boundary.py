@@ -9,7 +9,8 @@ from scipy.stats import qmc
 
 from hpo.server.analysis.boundary import boundary_warnings, check_boundaries
 from hpo.server.analysis.model import TrialSummary
-from hpo.server.analysis.space import Dimension, dimensions, from_unit, unit, widened
+from hpo.server.space.ranges import widened
+from hpo.server.space.search_space import Dimension, dimensions, from_unit, unit
 
 LR = Dimension("learning_rate", "nuisance", "float", 1e-4, 1.0, "log")
 WD = Dimension("weight_decay", "nuisance", "float", 1e-6, 1e-2, "log")

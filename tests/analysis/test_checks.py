@@ -11,7 +11,6 @@ from hpo.server.analysis.arms import arm_summaries, comparison, comparison_warni
 from hpo.server.analysis.model import Curve, TrialSummary
 from hpo.server.analysis.queries import CurveStats, StudyInfo
 from hpo.server.analysis.service import StudyData, analysis_of, json_safe
-from hpo.server.analysis.space import dimensions
 from hpo.server.analysis.training import (
     best_step_summary,
     caveats,
@@ -20,6 +19,7 @@ from hpo.server.analysis.training import (
     max_train_steps_warnings,
     warmup_warnings,
 )
+from hpo.server.space.search_space import dimensions
 from tests.analysis import planted
 
 

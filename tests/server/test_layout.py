@@ -11,7 +11,8 @@ import pytest
 from scipy import stats
 from scipy.stats import qmc
 
-from hpo.server.layout import dimensions, layout_trials, map_unit, trial_seed
+from hpo.server.layout import dimensions, layout_trials, trial_seed
+from hpo.server.space.dimension import map_unit, to_unit
 from hpo.server.spec import Hyperparameter, parse_spec
 from tests.server.factories import study_spec
 
@@ -158,6 +159,4 @@ def test_map_unit_stays_in_range_at_the_cube_edges(scale: str) -> None:
     hp = Hyperparameter(name="x", role="nuisance", type="float", min=1e-6, max=0.1, scale=scale)
     ends = [map_unit(hp, u) for u in (0.0, 1.0)]
     assert ends == pytest.approx([1e-6, 0.1]) and all(1e-6 <= v <= 0.1 for v in ends)
-    from hpo.server.bayesian.settings import to_unit
-
     assert [to_unit(hp, map_unit(hp, u)) for u in (0.0, 1.0)] == pytest.approx([0.0, 1.0])

@@ -15,6 +15,7 @@ import pytest
 
 from hpo.server import layout
 from hpo.server.bayesian import settings, warm
+from hpo.server.space import dimension
 from hpo.server.spec import Hyperparameter, parse_spec
 from tests.server.factories import study_spec
 
@@ -108,14 +109,14 @@ def _declaration(kind: str) -> Hyperparameter:
 @pytest.mark.parametrize("kind", sorted(DECLARATIONS))
 def test_map_unit_is_unchanged(kind: str) -> None:
     hp = _declaration(kind)
-    got = [layout.map_unit(hp, u) for u in UNITS]
+    got = [dimension.map_unit(hp, u) for u in UNITS]
     assert all(_same(g, e) for g, e in zip(got, MAP_UNIT[kind], strict=True)), (got, MAP_UNIT[kind])
 
 
 @pytest.mark.parametrize("kind", sorted(DECLARATIONS))
 def test_to_unit_is_unchanged(kind: str) -> None:
     hp = _declaration(kind)
-    got = [settings.to_unit(hp, v) for v in VALUES[kind]]
+    got = [dimension.to_unit(hp, v) for v in VALUES[kind]]
     assert all(_same(g, e) for g, e in zip(got, TO_UNIT[kind], strict=True)), (got, TO_UNIT[kind])
 
 

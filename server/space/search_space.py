@@ -1,16 +1,19 @@
-"""The search space as the analysis sees it: plain data read from a study's stored spec.
+"""The search space read from a study's stored spec as plain data: the analysis' `Dimension` view
+of each declaration, and the bayesian designer's `ArmSpace` (the dimensions modelled for one arm).
 
-Positions are measured in the space of each hyperparameter's scale (a unit value in [0, 1], the
-same mapping the Halton layout uses), so "near the edge" means the same thing for a log-scaled
-learning rate and a linear dropout rate."""
+The analysis measures positions in the space of each hyperparameter's scale (a unit value in
+[0, 1], the same scales the Halton layout uses), so "near the edge" means the same thing for a
+log-scaled learning rate and a linear dropout rate."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
+
+from .dimension import Declaration, map_unit, to_unit
+from .scales import from_scale, to_scale
 
 ORDERED_TYPES = ("float", "int", "discrete")
 
@@ -69,7 +72,7 @@ class Dimension:
         """min and max in the scale's space (computed once; `unit` is called for every trial)."""
         if self.min is None or self.max is None:
             return None, None
-        return _to_scale(self, self.min), _to_scale(self, self.max)
+        return to_scale(self.scale, self.min), to_scale(self.scale, self.max)
 
     def applies(self, arm: Mapping[str, Any]) -> bool:
         """Whether this declaration holds for an arm (its `when` matches the arm's values)."""
@@ -105,7 +108,7 @@ def unit(dim: Dimension, value: Any) -> float | None:
     if dim.min is None or dim.max is None or not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
     lo, hi = dim.bounds
-    x = _to_scale(dim, float(value))
+    x = to_scale(dim.scale, float(value))
     if lo is None or hi is None or x is None or hi == lo:
         return None
     return (x - lo) / (hi - lo)
@@ -113,40 +116,9 @@ def unit(dim: Dimension, value: Any) -> float | None:
 
 def from_unit(dim: Dimension, u: float) -> float:
     """The value at unit position `u` (may lie outside [0, 1] to extrapolate the range)."""
-    assert dim.min is not None and dim.max is not None
-    lo, hi = _to_scale(dim, dim.min), _to_scale(dim, dim.max)
+    lo, hi = dim.bounds
     assert lo is not None and hi is not None
-    x = lo + u * (hi - lo)
-    if dim.scale == "log":
-        return math.exp(x)
-    if dim.scale == "reverse_log":
-        return 1.0 - math.exp(-x)
-    return x
-
-
-def widened(dim: Dimension, side: str, by: float = 0.5) -> Any:
-    """A wider bound to try on `side` ("min" or "max"): the range extended by `by` of its width in
-    the scale's space, kept inside the scale's domain. For discrete values, one more value
-    continuing the sequence. None when the range cannot be widened on that side."""
-    if dim.type == "discrete":
-        return _next_discrete(dim.values, side)
-    assert dim.min is not None and dim.max is not None
-    new = from_unit(dim, -by if side == "min" else 1.0 + by)
-    if dim.scale == "reverse_log":
-        new = max(new, 0.0)
-    elif dim.scale == "linear" and dim.min >= 0:
-        new = max(new, 0.0)
-        if dim.max <= 1.0 and dim.type == "float":
-            new = min(new, 1.0)
-    if dim.type == "int":
-        new = math.floor(new) if side == "min" else math.ceil(new)
-        new = max(new, 1) if dim.scale == "log" else new
-    old = dim.min if side == "min" else dim.max
-    if (side == "min" and new >= old) or (side == "max" and new <= old):
-        return None
-    if dim.type == "int":
-        return int(new)
-    return 1.0 - _round_sig(1.0 - new) if dim.scale == "reverse_log" else _round_sig(new)
+    return from_scale(dim.scale, lo + u * (hi - lo))
 
 
 def is_regularizer(name: str) -> bool:
@@ -156,18 +128,11 @@ def is_regularizer(name: str) -> bool:
 
 
 def is_learning_rate(name: str) -> bool:
+    """Whether a hyperparameter's name marks it as the learning rate."""
     lowered = name.lower()
     return lowered in ("lr", "learning_rate", "base_learning_rate", "peak_learning_rate") or lowered.endswith(
         ("_lr", "learning_rate")
     )
-
-
-def _to_scale(dim: Dimension, v: float) -> float | None:
-    if dim.scale == "log":
-        return math.log(v) if v > 0 else None
-    if dim.scale == "reverse_log":
-        return -math.log(1.0 - v) if v < 1 else None
-    return v
 
 
 def _discrete_unit(dim: Dimension, value: Any) -> float | None:
@@ -178,24 +143,34 @@ def _discrete_unit(dim: Dimension, value: Any) -> float | None:
     return index / (len(dim.values) - 1) if len(dim.values) > 1 else None
 
 
-def _next_discrete(values: Sequence[Any], side: str) -> Any:
-    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if len(nums) < 2 or len(nums) != len(values):
-        return None
-    a, b = (nums[1], nums[0]) if side == "min" else (nums[-2], nums[-1])
-    ratios = [y / x for x, y in zip(nums, nums[1:], strict=False) if x > 0]
-    geometric = len(ratios) == len(nums) - 1 and max(ratios) / min(ratios) < 1.01 and min(ratios) > 1.0
-    new = b * (b / a) if geometric else b + (b - a)
-    if all(isinstance(v, int) for v in nums):
-        return int(round(new))
-    return _round_sig(new)
-
-
-def _round_sig(x: float, digits: int = 3) -> float:
-    if x == 0 or not math.isfinite(x):
-        return x
-    return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
-
-
 def _float(v: Any) -> float | None:
     return None if v is None else float(v)
+
+
+@dataclass(frozen=True)
+class ArmSpace:
+    """The dimensions the bayesian designer models for one arm: `columns[i]` indexes the study's
+    unit point, whose declaration for this arm is `declarations[i]`. Picklable; `snap` rounds a
+    point of this space to the centre of its cells (docs/bayesian.md)."""
+
+    arm: dict[str, Any]
+    width: int
+    columns: list[int]
+    declarations: Sequence[Declaration]
+
+    def project(self, unit: list[float]) -> list[float]:
+        return [float(unit[c]) for c in self.columns]
+
+    def embed(self, point: list[float]) -> list[float]:
+        """A full unit point: the arm's coordinates, 0.5 where a name does not apply to the arm."""
+        full = [0.5] * self.width
+        for column, u in zip(self.columns, point, strict=True):
+            full[column] = u
+        return full
+
+    def snap(self, point: list[float]) -> list[float]:
+        return [to_unit(hp, map_unit(hp, u)) for hp, u in zip(self.declarations, point, strict=True)]
+
+    @property
+    def names(self) -> list[str]:
+        return [hp.name for hp in self.declarations]
