@@ -12,25 +12,36 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from hpo.server import charts as chart_data
+from hpo.server import leases, signing_key
+from hpo.server import studies as studies_service
+from hpo.server.aio import AsyncDatabase
+from hpo.server.analysis.keeper import Keeper
+from hpo.server.api import (
+    analysis,
+    charts,
+    dashboard,
+    errors,
+    health,
+    openapi,
+    pipelines,
+    signin,
+    studies,
+    trials,
+    workers,
+)
+from hpo.server.api.auth import Auth
+from hpo.server.api.hostile import HostileInput
+from hpo.server.api.hotpath import HotPath
+from hpo.server.api.html_errors import HtmlErrors
+from hpo.server.api.middleware import BodyLimit, PagePolicy
+from hpo.server.auth import Authenticator
+from hpo.server.bayesian.queue import Refiller
+from hpo.server.config import ServerSettings
+from hpo.server.db import Database
+from hpo.server.errors import StorageError, one_line
+from hpo.server.kept_charts import StillStudies
 from hpo.settings import Settings
-
-from . import charts as chart_data
-from . import leases, signing_key
-from . import studies as studies_service
-from .aio import AsyncDatabase
-from .analysis.keeper import Keeper
-from .api import analysis, charts, dashboard, errors, health, openapi, pipelines, signin, studies, trials, workers
-from .api.auth import Auth
-from .api.hostile import HostileInput
-from .api.hotpath import HotPath
-from .api.html_errors import HtmlErrors
-from .api.middleware import BodyLimit, PagePolicy
-from .auth import Authenticator
-from .bayesian.queue import Refiller
-from .config import ServerSettings
-from .db import Database
-from .errors import StorageError, one_line
-from .kept_charts import StillStudies
 
 _log = logging.getLogger("hpo.server")
 

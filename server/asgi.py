@@ -6,11 +6,10 @@ import os
 import signal
 
 from hpo.lifetime import die_with_parent
+from hpo.server import http_protocol
+from hpo.server.app import create_app
+from hpo.server.config import ServerSettings
 from hpo.settings import Settings
-
-from . import http_protocol
-from .app import create_app
-from .config import ServerSettings
 
 
 def _die_with_master() -> None:

@@ -40,9 +40,9 @@ from typing import Literal
 
 from sqlalchemy import delete, func, select
 
-from .db import Database
-from .errors import InvalidInput, NotFound
-from .models import ApiToken, DashboardSession
+from hpo.server.db import Database
+from hpo.server.errors import InvalidInput, NotFound
+from hpo.server.models import ApiToken, DashboardSession
 
 Role = Literal["read", "write", "worker", "admin"]
 Permission = Literal["read", "write", "worker"]

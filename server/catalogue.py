@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpo.command_template import has_placeholders, used_hyperparameters
+from hpo.server.errors import FieldError
+from hpo.server.guards import trainer_value
+from hpo.server.spec import StudySpec
 from hpo.trainer.config import OPTIMIZERS, TRAINING_HYPERPARAMETERS
 from hpo.trainer.schedules import SCHEDULES
-
-from .errors import FieldError
-from .guards import trainer_value
-from .spec import StudySpec
 
 _MLP_CHOICES: dict[str, tuple[str, ...]] = {
     "activation": ("relu", "gelu", "silu", "tanh", "elu", "leaky_relu"),

@@ -23,19 +23,19 @@ import numpy as np
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from . import kept_charts
-from .analysis import memo, queries, sketches
-from .analysis.aliases import CHECKED_METRICS, aliases_of, metric_name, missing_metric, setting
-from .analysis.arms import arm_summaries
-from .analysis.divergence import load_trials
-from .analysis.model import TrialSummary, arm_label, fmt
-from .analysis.plotdata import plot_data
-from .analysis.service import horizon_of, json_safe, kept_analysis
-from .db import Database, epoch_seconds
-from .errors import InvalidInput, NotFound
-from .models import Trial, TrialAttempt, TrialStatus
-from .space.search_space import Dimension, dimensions
-from .spec import ANALYSIS_METRICS
+from hpo.server import kept_charts
+from hpo.server.analysis import memo, queries, sketches
+from hpo.server.analysis.aliases import CHECKED_METRICS, aliases_of, metric_name, missing_metric, setting
+from hpo.server.analysis.arms import arm_summaries
+from hpo.server.analysis.divergence import load_trials
+from hpo.server.analysis.model import TrialSummary, arm_label, fmt
+from hpo.server.analysis.plotdata import plot_data
+from hpo.server.analysis.service import horizon_of, json_safe, kept_analysis
+from hpo.server.db import Database, epoch_seconds
+from hpo.server.errors import InvalidInput, NotFound
+from hpo.server.models import Trial, TrialAttempt, TrialStatus
+from hpo.server.space.search_space import Dimension, dimensions
+from hpo.server.spec import ANALYSIS_METRICS
 
 _log = logging.getLogger("hpo.server.charts")
 

@@ -22,7 +22,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement, literal_column
 
-from .errors import Conflict, HpoError, StorageError
+from hpo.server.errors import Conflict, HpoError, StorageError
 
 # An arbitrary constant shared by every hpo server: the advisory lock that serializes upgrades.
 _MIGRATION_LOCK_KEY = 0x68706F

@@ -21,23 +21,22 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
-
-from . import studies, trials
-from .analysis import queries
-from .analysis.arms import CONFIDENCE, comparison, replica_stats, seed_ignored_message
-from .analysis.divergence import load_trials
-from .analysis.model import TrialSummary, fmt
-from .db import Database
-from .errors import Conflict, InvalidInput
-from .models import Launch, Pipeline, Round, Study
-from .pipelines import launch_public, pipeline_or_404, round_or_404, round_studies, round_summary
+from hpo.server import studies, trials
+from hpo.server.analysis import queries
+from hpo.server.analysis.arms import CONFIDENCE, comparison, replica_stats, seed_ignored_message
+from hpo.server.analysis.divergence import load_trials
+from hpo.server.analysis.model import TrialSummary, fmt
+from hpo.server.db import Database
+from hpo.server.errors import Conflict, InvalidInput
+from hpo.server.models import Launch, Pipeline, Round, Study
+from hpo.server.pipelines import launch_public, pipeline_or_404, round_or_404, round_studies, round_summary
 
 VERDICTS = ("better", "within_noise", "worse", "unstable", "unknown")
 
 
 def get_round(db: Database, round_id: int) -> dict[str, Any]:
     """The round with its studies, its candidate, the evidence and its recipes' readouts."""
-    from .recipes import recipe_views  # recipes build on this module
+    from hpo.server.recipes import recipe_views  # recipes build on this module
 
     with db.transaction() as session:
         row = round_or_404(session, round_id)

@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any
 from hpo.collector_spec import CollectorSpec
 from hpo.command_template import template_errors
 from hpo.policy import ExecutionPolicy
+from hpo.server.errors import FieldError
 from hpo.trainer.config import TRAINING_HYPERPARAMETERS
 from hpo.trainer.config import TrainerSettings as _RunSettings
 
-from .errors import FieldError
-
 if TYPE_CHECKING:
-    from .spec import StudySpec
+    from hpo.server.spec import StudySpec
 
 # `resume_from` is set by the worker from the server's own checkpoint records, never by a spec
 # (it would name an arbitrary file for torch to load).

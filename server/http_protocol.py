@@ -32,8 +32,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from .api.uploads import BODY_ARRIVED
-from .lograte import Tally
+from hpo.server.api.uploads import BODY_ARRIVED
+from hpo.server.lograte import Tally
 
 HEADER_SECONDS = 10.0
 # A declared body up to this size is received whole before its request starts (a sign-in form, a

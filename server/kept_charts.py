@@ -26,12 +26,11 @@ from sqlalchemy import case, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from hpo.server.analysis import memo
+from hpo.server.db import Database
+from hpo.server.errors import HpoError
+from hpo.server.models import KeptChart, Trial, TrialStatus
 from hpo.trainer import divergence as divergence_rules
-
-from .analysis import memo
-from .db import Database
-from .errors import HpoError
-from .models import KeptChart, Trial, TrialStatus
 
 _log = logging.getLogger("hpo.server.charts")
 
@@ -172,4 +171,3 @@ class StillStudies:
         )
         with self.db.transaction() as session:
             return list(session.execute(query).scalars())
-

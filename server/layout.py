@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import qmc
 
-from .errors import FieldError, InvalidInput
-from .space.dimension import map_unit, outside_reason
-from .spec import Hyperparameter, StudySpec, crossed_arms, sampled_names
+from hpo.server.errors import FieldError, InvalidInput
+from hpo.server.space.dimension import map_unit, outside_reason
+from hpo.server.spec import Hyperparameter, StudySpec, crossed_arms, sampled_names
 
 OPTIMIZER_PARAMS = ("learning_rate", "momentum", "beta1", "beta2", "epsilon", "weight_decay")
 # What scripts call them (argparse flags of public examples: `--lr`, `--wd`, `--eps`): a command

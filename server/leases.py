@@ -31,10 +31,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from . import objective
-from .db import Database
-from .errors import Conflict, LeaseLost, NotFound
-from .models import (
+from hpo.server import objective
+from hpo.server.db import Database
+from hpo.server.errors import Conflict, LeaseLost, NotFound
+from hpo.server.models import (
     FINISHED_STATUSES,
     Checkpoint,
     MetricPoint,
@@ -44,7 +44,7 @@ from .models import (
     TrialAttempt,
     TrialStatus,
 )
-from .schemas import Claim, HeartbeatAnswer
+from hpo.server.schemas import Claim, HeartbeatAnswer
 
 _log = logging.getLogger("hpo.server")
 # A worker that may run none of the first few studies in line gets 204 rather than a long search.

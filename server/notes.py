@@ -15,9 +15,9 @@ from markdown_it.token import Token
 from markdown_it.utils import EnvType, OptionsDict
 from sqlalchemy import select
 
-from .db import Database
-from .errors import InvalidInput, NotFound
-from .models import Note, Study, Trial
+from hpo.server.db import Database
+from hpo.server.errors import InvalidInput, NotFound
+from hpo.server.models import Note, Study, Trial
 
 MAX_NOTE_CHARS = 20_000
 STUDY_NOTE = 0

@@ -24,12 +24,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
-
-from . import catalogue, guards
-from .db import Database
-from .errors import AlreadyExists, FieldError, InvalidInput, NotFound
-from .models import Launch, Pipeline, Round, Study
-from .spec import parse_spec
+from hpo.server import catalogue, guards
+from hpo.server.db import Database
+from hpo.server.errors import AlreadyExists, FieldError, InvalidInput, NotFound
+from hpo.server.models import Launch, Pipeline, Round, Study
+from hpo.server.spec import parse_spec
 
 ROUND_KINDS = ("improve", "understand", "exploit")
 # Trainer keys that belong to a user program; a study naming a workload drops them, and the reverse.

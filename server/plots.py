@@ -24,8 +24,8 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from .analysis.model import TrialSummary  # noqa: E402
-from .space.search_space import Dimension, from_unit  # noqa: E402
+from hpo.server.analysis.model import TrialSummary  # noqa: E402
+from hpo.server.space.search_space import Dimension, from_unit  # noqa: E402
 
 FORMATS = {"svg": "image/svg+xml", "png": "image/png"}
 DPI = 150  # PNGs for reports: readable when printed or zoomed
@@ -274,7 +274,7 @@ def _line(ax: Axes, curve: Any, color: str, label: str | None, dashed: bool = Fa
 def _robust_log_y(ax: Axes) -> None:
     """Losses on a log axis whose limits hold the bulk of the curves (Tukey's fences in log space),
     so one divergent trial cannot flatten the rest."""
-    from .charts import robust_range
+    from hpo.server.charts import robust_range
 
     values = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()] or [np.array([])])
     finite = values[np.isfinite(values)]

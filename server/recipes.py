@@ -27,17 +27,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
-
-from . import studies
-from .analysis import queries
-from .analysis.divergence import load_trials
-from .analysis.model import TrialSummary, fmt
-from .db import Database
-from .errors import Conflict, FieldError, InvalidInput, NotFound
-from .models import Pipeline, Round, RoundRecipe, Study
-from .pipelines import expand_spec, pipeline_or_404, round_or_404, round_studies
-from .space import ranges
-from .spec import CROSSED_TYPES, Hyperparameter, parse_spec
+from hpo.server import studies
+from hpo.server.analysis import queries
+from hpo.server.analysis.divergence import load_trials
+from hpo.server.analysis.model import TrialSummary, fmt
+from hpo.server.db import Database
+from hpo.server.errors import Conflict, FieldError, InvalidInput, NotFound
+from hpo.server.models import Pipeline, Round, RoundRecipe, Study
+from hpo.server.pipelines import expand_spec, pipeline_or_404, round_or_404, round_studies
+from hpo.server.space import ranges
+from hpo.server.spec import CROSSED_TYPES, Hyperparameter, parse_spec
 
 KINDS = ("exploit", "steps", "instability", "warmup", "longer")
 REGULARIZERS = {"weight_decay": 0.0, "dropout": 0.0, "label_smoothing": 0.0}
@@ -238,8 +237,8 @@ def _count(options: Mapping[str, Any], key: str, default: int, high: int = 1000)
 def plan_exploit(db: Database, ctx: Context, options: dict[str, Any]) -> Plan:
     """A bayesian study over the refined space (`refine_space`), warm-started from the exploration
     study when the refined space lies inside its space."""
-    from .analysis.service import analyze_study
-    from .charts import chart
+    from hpo.server.analysis.service import analyze_study
+    from hpo.server.charts import chart
 
     assert ctx.source is not None
     analysis = analyze_study(db, ctx.source.id)

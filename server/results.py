@@ -12,12 +12,12 @@ from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from . import objective
-from .db import Database
-from .errors import LeaseLost, NotFound, QuotaExceeded
-from .models import Checkpoint, MetricPoint, Study, Trial, TrialStatus
-from .schemas import CheckpointIn, MetricsAccepted
-from .values import to_storage
+from hpo.server import objective
+from hpo.server.db import Database
+from hpo.server.errors import LeaseLost, NotFound, QuotaExceeded
+from hpo.server.models import Checkpoint, MetricPoint, Study, Trial, TrialStatus
+from hpo.server.schemas import CheckpointIn, MetricsAccepted
+from hpo.server.values import to_storage
 
 _ENCODE = msgspec.json.Encoder().encode
 
@@ -31,6 +31,7 @@ class Point(Protocol):
     def name(self) -> str: ...
     @property
     def value(self) -> float: ...
+
 
 # On Postgres a batch's points of one metric are one `metric_chunks` row (migration 0014): their
 # steps ascending and unique, values and non-finite flags as arrays, the steps disjoint from the

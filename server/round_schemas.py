@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .values import Integer
+from hpo.server.values import Integer
 
 
 class _Request(BaseModel):

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .values import INTEGRAL, Integer, parse_number, to_json
+from hpo.server.values import INTEGRAL, Integer, parse_number, to_json
 
 TrialStatusName = Literal["pending", "running", "completed", "infeasible", "failed", "cancelled"]
 

@@ -31,10 +31,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
-from . import guards
-from .errors import FieldError, InvalidInput
-from .space.dimension import CELL_TYPES, contains, outside_reason, value_key
-from .values import INTEGRAL, Integer
+from hpo.server import guards
+from hpo.server.errors import FieldError, InvalidInput
+from hpo.server.space.dimension import CELL_TYPES, contains, outside_reason, value_key
+from hpo.server.values import INTEGRAL, Integer
 
 MAX_TRIALS_PER_STUDY = 100_000
 MAX_SPEC_DEPTH = 32

@@ -14,13 +14,12 @@ from sqlalchemy import LargeBinary, Select, Text, cast, func, insert, select, te
 from sqlalchemy.orm import Session, defer
 
 from hpo.policy import ExecutionPolicy
-
-from . import catalogue, guards, layout
-from .bayesian.start import bayesian_start
-from .db import Database
-from .errors import AlreadyExists, FieldError, InvalidInput, NotFound
-from .models import Study, StudyStatus, Trial, TrialStatus
-from .schemas import (
+from hpo.server import catalogue, guards, layout
+from hpo.server.bayesian.start import bayesian_start
+from hpo.server.db import Database
+from hpo.server.errors import AlreadyExists, FieldError, InvalidInput, NotFound
+from hpo.server.models import Study, StudyStatus, Trial, TrialStatus
+from hpo.server.schemas import (
     ManualTrialIn,
     Page,
     StudyCreated,
@@ -30,7 +29,7 @@ from .schemas import (
     TrialCounts,
     Warning,
 )
-from .spec import StudySpec, arm_count, parse_spec
+from hpo.server.spec import StudySpec, arm_count, parse_spec
 
 MAX_TRIALS_PER_STUDY = 100_000
 
@@ -61,7 +60,7 @@ def create_in_round(
     """Creates a round's study inside the caller's transaction (study creation, recipes, a round's
     baseline reruns, which pass `role="baseline"`): the spec expanded from the pipeline, then
     checked and laid out as any other."""
-    from .pipelines import expand_spec  # pipelines imports this module's neighbours
+    from hpo.server.pipelines import expand_spec  # pipelines imports this module's neighbours
 
     _ensure_raw_name_free(session, raw_spec)
     raw, round_row = expand_spec(session, raw_spec)
@@ -513,7 +512,7 @@ def status_reason(session: Session, study: Study) -> str:
 def _best_trial(session: Session, study: Study) -> tuple[int, float] | None:
     # The analysis decides (analysis.divergence.study_best): replicas never, diverged trials and
     # lone outlier evaluations never, so the page, the CSV and the analysis name the same trial.
-    from .analysis.divergence import study_best
+    from hpo.server.analysis.divergence import study_best
 
     best = study_best(session, study.id)
     return (best.id, float(best.objective)) if best is not None and best.objective is not None else None

@@ -19,14 +19,14 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from .analysis import queries
-from .analysis.model import TrialSummary, arm_label
-from .analysis.service import json_safe
-from .charts import trial_summaries
-from .db import Database
-from .errors import FieldError, InvalidInput
-from .models import MetricPoint, Trial, resumed
-from .space.search_space import Dimension, dimensions
+from hpo.server.analysis import queries
+from hpo.server.analysis.model import TrialSummary, arm_label
+from hpo.server.analysis.service import json_safe
+from hpo.server.charts import trial_summaries
+from hpo.server.db import Database
+from hpo.server.errors import FieldError, InvalidInput
+from hpo.server.models import MetricPoint, Trial, resumed
+from hpo.server.space.search_space import Dimension, dimensions
 
 SORT_KEYS = ("number", "id", "objective", "status", "best_step", "started_at", "finished_at", "duration")
 SORT_PREFIXES = ("param:", "metric:")

@@ -7,13 +7,13 @@ from typing import Any, Literal
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from . import layout, studies
-from .analysis.unread import trial_warnings
-from .db import Database
-from .errors import Conflict, NotFound
-from .models import Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus, resumed
-from .schemas import CheckpointPublic, MetricPointPublic, Page, TrialPublic
-from .values import from_storage, to_json
+from hpo.server import layout, studies
+from hpo.server.analysis.unread import trial_warnings
+from hpo.server.db import Database
+from hpo.server.errors import Conflict, NotFound
+from hpo.server.models import Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus, resumed
+from hpo.server.schemas import CheckpointPublic, MetricPointPublic, Page, TrialPublic
+from hpo.server.values import from_storage, to_json
 
 TrialOrder = Literal["number", "objective", "-number"]
 

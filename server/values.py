@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-from .models import NonFinite
+from hpo.server.models import NonFinite
 
 _FROM_STRING = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 

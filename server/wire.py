@@ -15,7 +15,7 @@ from typing import Annotated
 
 import msgspec
 
-from .schemas import MetricsIn
+from hpo.server.schemas import MetricsIn
 
 
 class PointIn(msgspec.Struct, forbid_unknown_fields=True):

@@ -12,8 +12,8 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import delete, select
 
-from .db import Database
-from .models import WorkerHealth
+from hpo.server.db import Database
+from hpo.server.models import WorkerHealth
 
 RECENT = timedelta(hours=1)
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from .model import TrialSummary, arm_label, fmt, warning
+from hpo.server.analysis.model import TrialSummary, arm_label, fmt, warning
 
 CONFIDENCE = 0.95
 # Power for the replicas advice: replicas per arm to resolve a gap at 95% confidence, 80% power.

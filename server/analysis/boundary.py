@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..space.ranges import widened
-from ..space.search_space import Dimension, unit
-from .model import TrialSummary, arm_label, fmt, warning
+from hpo.server.analysis.model import TrialSummary, arm_label, fmt, warning
+from hpo.server.space.ranges import widened
+from hpo.server.space.search_space import Dimension, unit
 
 BAND = 0.15
 ALPHA = 0.01

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import Curve
+from hpo.server.analysis.model import Curve
 
 # Overfitting: the objective ends worse than its best by more than this share of the best value
 # (and by more than the noise allows, `overfit_threshold`).

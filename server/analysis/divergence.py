@@ -28,12 +28,11 @@ from dataclasses import replace
 import numpy as np
 from sqlalchemy.orm import Session
 
+from hpo.server.analysis import memo, queries
+from hpo.server.analysis.aliases import aliases_of, metric_name
+from hpo.server.analysis.model import Curve, TrialSummary
+from hpo.server.analysis.outliers import robust_best
 from hpo.trainer.divergence import END_POINTS, TRAIN_LOSS, Rule, Series, chance_of, is_loss, judge
-
-from . import memo, queries
-from .aliases import aliases_of, metric_name
-from .model import Curve, TrialSummary
-from .outliers import robust_best
 
 # The best few feasible trials of each arm are checked for a lone outlier at their best step.
 BEST_FEW = 3

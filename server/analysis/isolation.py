@@ -16,10 +16,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..space.search_space import Dimension, from_unit, unit
-from .arms import replica_stats
-from .budget import best_of_k
-from .model import TrialSummary, arm_label
+from hpo.server.analysis.arms import replica_stats
+from hpo.server.analysis.budget import best_of_k
+from hpo.server.analysis.model import TrialSummary, arm_label
+from hpo.server.space.search_space import Dimension, from_unit, unit
 
 MAX_BUCKETS = 8
 

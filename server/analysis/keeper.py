@@ -23,11 +23,11 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from ..db import Database
-from ..errors import StorageError, one_line
-from ..models import Trial
-from . import queries, sketches
-from .divergence import curve_names, train_loss_name
+from hpo.server.analysis import queries, sketches
+from hpo.server.analysis.divergence import curve_names, train_loss_name
+from hpo.server.db import Database
+from hpo.server.errors import StorageError, one_line
+from hpo.server.models import Trial
 
 _log = logging.getLogger("hpo.server.analysis")
 

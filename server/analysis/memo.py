@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..db import Database
+from hpo.server.db import Database
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import Curve, fmt
+from hpo.server.analysis.model import Curve, fmt
 
 # The best point is an outlier when it lies this many noise levels beyond its neighbours' line...
 OUTLIER_NOISE = 6.0

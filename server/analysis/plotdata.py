@@ -10,21 +10,30 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..db import Database
-from ..errors import NotFound
-from ..models import Checkpoint, Trial
-from ..space.search_space import dimensions
-from . import queries
-from .aliases import aliases_of, filed, metric_name, missing_metric
-from .arms import arm_summaries
-from .boundary import check_boundaries
-from .curves import OBJECTIVE_TRAIN
-from .divergence import best_ranks, load_trials
-from .isolation import isolation_series
-from .model import TrialSummary
-from .service import BEST_FEW, GRAD_NORM, best_curves, budgets, horizon_of, late_noise_by_arm, noise_floors, noise_of
-from .stopped import concluding, stopped_short
-from .training import best_step_summary
+from hpo.server.analysis import queries
+from hpo.server.analysis.aliases import aliases_of, filed, metric_name, missing_metric
+from hpo.server.analysis.arms import arm_summaries
+from hpo.server.analysis.boundary import check_boundaries
+from hpo.server.analysis.curves import OBJECTIVE_TRAIN
+from hpo.server.analysis.divergence import best_ranks, load_trials
+from hpo.server.analysis.isolation import isolation_series
+from hpo.server.analysis.model import TrialSummary
+from hpo.server.analysis.service import (
+    BEST_FEW,
+    GRAD_NORM,
+    best_curves,
+    budgets,
+    horizon_of,
+    late_noise_by_arm,
+    noise_floors,
+    noise_of,
+)
+from hpo.server.analysis.stopped import concluding, stopped_short
+from hpo.server.analysis.training import best_step_summary
+from hpo.server.db import Database
+from hpo.server.errors import NotFound
+from hpo.server.models import Checkpoint, Trial
+from hpo.server.space.search_space import dimensions
 
 PLOT_KINDS = ("axis", "isolation", "curves", "grad_norm", "best_steps", "budget")
 CURVE_EXTRA = ("valid/loss",)

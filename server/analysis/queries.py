@@ -22,10 +22,10 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from ..db import close_quietly, discard
-from ..errors import NotFound
-from ..models import FINISHED_STATUSES, CurveStat, NonFinite, Study, Trial, TrialStatus
-from .model import Curve, TrialSummary, arm_key, collector_paused
+from hpo.server.analysis.model import Curve, TrialSummary, arm_key, collector_paused
+from hpo.server.db import close_quietly, discard
+from hpo.server.errors import NotFound
+from hpo.server.models import FINISHED_STATUSES, CurveStat, NonFinite, Study, Trial, TrialStatus
 
 _log = logging.getLogger("hpo.server.analysis")
 _T = TypeVar("_T")

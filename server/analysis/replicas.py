@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..db import Database
-from ..trials import create_replicas
-from . import queries
-from .divergence import load_trials
-from .model import TrialSummary, arm_label
+from hpo.server.analysis import queries
+from hpo.server.analysis.divergence import load_trials
+from hpo.server.analysis.model import TrialSummary, arm_label
+from hpo.server.db import Database
+from hpo.server.trials import create_replicas
 
 
 def replicate_best(db: Database, study_id: int, per_arm: int, count: int) -> dict[str, Any]:

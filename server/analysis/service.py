@@ -15,30 +15,40 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from ..bayesian.view import bayesian_view
-from ..db import Database
-from ..models import resumed
-from ..space.search_space import Dimension, dimensions
-from . import memo, queries
-from .aliases import aliases_of, filed, metric_name, renamed_study, renamed_trials
-from .arms import arm_summaries, comparison, comparison_warnings, trial_variance
-from .boundary import boundary_warnings, check_boundaries
-from .budget import best_of_k, flattened
-from .curves import OBJECTIVE_TRAIN, curve_report, exempt_trials, overfitting_screen, regularizers, screen_warnings
-from .diagnostics import late_noise
-from .divergence import best_ranks, load_trials, without_outlier
-from .feasibility import (
+from hpo.server.analysis import memo, queries
+from hpo.server.analysis.aliases import aliases_of, filed, metric_name, renamed_study, renamed_trials
+from hpo.server.analysis.arms import arm_summaries, comparison, comparison_warnings, trial_variance
+from hpo.server.analysis.boundary import boundary_warnings, check_boundaries
+from hpo.server.analysis.budget import best_of_k, flattened
+from hpo.server.analysis.curves import (
+    OBJECTIVE_TRAIN,
+    curve_report,
+    exempt_trials,
+    overfitting_screen,
+    regularizers,
+    screen_warnings,
+)
+from hpo.server.analysis.diagnostics import late_noise
+from hpo.server.analysis.divergence import best_ranks, load_trials, without_outlier
+from hpo.server.analysis.feasibility import (
     infeasible_summary,
     infeasible_warnings,
     instability_warnings,
     loss_instability_warnings,
     neighbours_above_best,
 )
-from .isolation import isolation_series
-from .model import Curve, TrialSummary, arm_key, fmt, warning
-from .skipped import best_step_skips, budget_skips, curve_skips, instability_skips, merged, name_skips
-from .stopped import concluding, stopped_short, stopped_short_caveat, stopped_short_warnings
-from .training import (
+from hpo.server.analysis.isolation import isolation_series
+from hpo.server.analysis.model import Curve, TrialSummary, arm_key, fmt, warning
+from hpo.server.analysis.skipped import (
+    best_step_skips,
+    budget_skips,
+    curve_skips,
+    instability_skips,
+    merged,
+    name_skips,
+)
+from hpo.server.analysis.stopped import concluding, stopped_short, stopped_short_caveat, stopped_short_warnings
+from hpo.server.analysis.training import (
     best_step_summary,
     caveats,
     clipping_warnings,
@@ -46,8 +56,12 @@ from .training import (
     max_train_steps_warnings,
     warmup_warnings,
 )
-from .unread import study_warnings as unread_warnings
-from .unread import unread_by_trial
+from hpo.server.analysis.unread import study_warnings as unread_warnings
+from hpo.server.analysis.unread import unread_by_trial
+from hpo.server.bayesian.view import bayesian_view
+from hpo.server.db import Database
+from hpo.server.models import resumed
+from hpo.server.space.search_space import Dimension, dimensions
 
 BEST_FEW = 3
 GRAD_NORM = "train/grad_norm"
@@ -103,7 +117,7 @@ def kept_analysis(db: Database, study_id: int) -> dict[str, Any]:
 
 
 def _kept_checklist(db: Database, study_id: int) -> dict[str, Any]:
-    from ..kept_charts import ANALYSIS, read_or_compute  # kept_charts reads this package's memo
+    from hpo.server.kept_charts import ANALYSIS, read_or_compute  # kept_charts reads this package's memo
 
     body = read_or_compute(db, study_id, ANALYSIS, lambda: json.dumps(_checklist(db, study_id)).encode())
     return dict(json.loads(body))

@@ -17,8 +17,8 @@ import numpy as np
 from sqlalchemy import bindparam, text
 from sqlalchemy.orm import Session
 
-from ..models import CurveSketch
-from . import queries
+from hpo.server.analysis import queries
+from hpo.server.models import CurveSketch
 
 POINTS = 60  # points per curve after downsampling: enough for the shape, cheap for 1,000 curves
 

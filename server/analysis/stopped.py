@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import TrialSummary, fmt, warning
+from hpo.server.analysis.model import TrialSummary, fmt, warning
 
 # A trial is short when its last step is below this share of the reference step.
 SHORT_SHARE = 0.95

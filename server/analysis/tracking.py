@@ -13,11 +13,11 @@ from typing import Any
 
 from sqlalchemy import select, text
 
-from ..db import Database
-from ..models import resumed
-from . import queries
-from .divergence import study_best
-from .model import TrialSummary
+from hpo.server.analysis import queries
+from hpo.server.analysis.divergence import study_best
+from hpo.server.analysis.model import TrialSummary
+from hpo.server.db import Database
+from hpo.server.models import resumed
 
 COLUMNS = (
     "study",
@@ -74,7 +74,7 @@ def _rounds(session: Any, round_ids: set[int]) -> dict[int, Any]:
     """The rounds (docs/rounds.md) the studies belong to, with their pipeline's name."""
     if not round_ids:
         return {}
-    from ..models import Pipeline, Round
+    from hpo.server.models import Pipeline, Round
 
     query = select(Round, Pipeline.name).join(Pipeline, Pipeline.id == Round.pipeline_id)
     return {r.id: (r, name) for r, name in session.execute(query.where(Round.id.in_(round_ids)))}

@@ -15,9 +15,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..space.search_space import Dimension
-from .model import TrialSummary, arm_label, fmt, warning
-from .queries import CurveStats
+from hpo.server.analysis.model import TrialSummary, arm_label, fmt, warning
+from hpo.server.analysis.queries import CurveStats
+from hpo.server.space.search_space import Dimension
 
 EARLY, LATE = 0.10, 0.75
 # "Consistently" in the last 25%: at least this share of the best trials. A curve that has flattened

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import String, cast, select
 from sqlalchemy.orm import Session
 
-from ..models import Trial
+from hpo.server.models import Trial
 
 HOW_TO_PASS = (
     "pass it as a placeholder of trainer.command (--name={name}, or {args} for all) or read it from "

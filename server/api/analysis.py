@@ -6,13 +6,13 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from .. import plots
-from ..analysis.plotdata import plot_data
-from ..analysis.replicas import replicate_best
-from ..analysis.service import kept_analysis
-from ..analysis.tracking import tracking_csv, tracking_rows
-from ..schemas import StudyReplicasRequest
-from .deps import DatabaseDep, StudyId
+from hpo.server import plots
+from hpo.server.analysis.plotdata import plot_data
+from hpo.server.analysis.replicas import replicate_best
+from hpo.server.analysis.service import kept_analysis
+from hpo.server.analysis.tracking import tracking_csv, tracking_rows
+from hpo.server.api.deps import DatabaseDep, StudyId
+from hpo.server.schemas import StudyReplicasRequest
 
 router = APIRouter(prefix="/api/v1", tags=["analysis"])
 

@@ -30,11 +30,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..auth import Authenticator, Principal
-from ..errors import StorageError
-from ..lograte import Tally
-from .errors import error_response
-from .uploads import Uploads
+from hpo.server.api.errors import error_response
+from hpo.server.api.uploads import Uploads
+from hpo.server.auth import Authenticator, Principal
+from hpo.server.errors import StorageError
+from hpo.server.lograte import Tally
 
 SESSION_COOKIE = "hpo_session"
 CSRF_COOKIE = "hpo_csrf"

@@ -8,11 +8,11 @@ from typing import Any, Literal
 from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from .. import auth, charts, notes
-from ..analysis import memo
-from ..charts import ChartKind
-from ..trial_table import SORT_KEYS, TableQuery, parse_param_filters, trial_table
-from .deps import DatabaseDep, StudyId, TrialId
+from hpo.server import auth, charts, notes
+from hpo.server.analysis import memo
+from hpo.server.api.deps import DatabaseDep, StudyId, TrialId
+from hpo.server.charts import ChartKind
+from hpo.server.trial_table import SORT_KEYS, TableQuery, parse_param_filters, trial_table
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 

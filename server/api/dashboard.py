@@ -21,17 +21,16 @@ from markupsafe import Markup
 from starlette.background import BackgroundTask
 
 from hpo.command_template import expand
-
-from .. import charts, evidence, kept_charts, notes, pipelines, studies, trial_table, trials, worker_health
-from ..analysis import memo, queries
-from ..analysis.model import arm_label, fmt
-from ..analysis.service import kept_analysis, resume_advice
-from ..analysis.tracking import tracking_rows
-from ..charts import best_per_arm
-from ..errors import InvalidInput, NotFound
-from ..schemas import TrialCounts
-from .deps import DatabaseDep, SettingsDep, StudyId, TrialId
-from .pipelines import PipelineId, RoundId
+from hpo.server import charts, evidence, kept_charts, notes, pipelines, studies, trial_table, trials, worker_health
+from hpo.server.analysis import memo, queries
+from hpo.server.analysis.model import arm_label, fmt
+from hpo.server.analysis.service import kept_analysis, resume_advice
+from hpo.server.analysis.tracking import tracking_rows
+from hpo.server.api.deps import DatabaseDep, SettingsDep, StudyId, TrialId
+from hpo.server.api.pipelines import PipelineId, RoundId
+from hpo.server.charts import best_per_arm
+from hpo.server.errors import InvalidInput, NotFound
+from hpo.server.schemas import TrialCounts
 
 router = APIRouter(include_in_schema=False)
 

@@ -6,9 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
+from hpo.server.db import Database
 from hpo.settings import Settings
-
-from ..db import Database
 
 
 # Async on purpose: a plain `def` dependency runs on the threadpool, a hop per request for a

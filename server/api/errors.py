@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..errors import (
+from hpo.server.errors import (
     AlreadyExists,
     Conflict,
     FieldError,

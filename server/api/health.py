@@ -6,9 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import func, select
 
-from .. import worker_health
-from ..models import Study, Trial
-from .deps import DatabaseDep
+from hpo.server import worker_health
+from hpo.server.api.deps import DatabaseDep
+from hpo.server.models import Study, Trial
 
 router = APIRouter(tags=["health"])
 

@@ -23,12 +23,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpo.policy import ExecutionPolicy
-
-from .. import aio, leases
-from ..errors import HpoError
-from ..schemas import ClaimRequest, LeaseRequest
-from .errors import error_response
-from .workers import _runs
+from hpo.server import aio, leases
+from hpo.server.api.errors import error_response
+from hpo.server.api.workers import _runs
+from hpo.server.errors import HpoError
+from hpo.server.schemas import ClaimRequest, LeaseRequest
 
 _CLAIM = "/api/v1/workers/claim"
 _HEARTBEAT = re.compile(r"/api/v1/trials/(\d{1,10})/heartbeat")

@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from ..schemas import MetricsIn
-from ..spec import StudySpec
+from hpo.server.schemas import MetricsIn
+from hpo.server.spec import StudySpec
 
 _REF = "#/components/schemas/{model}"
 # Request bodies the routes read themselves (any JSON for the spec: parse_spec names each error).

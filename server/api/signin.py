@@ -14,9 +14,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import cookie_parser
 
-from ..auth import SESSION_SECONDS, Authenticator, Principal, hash_token
-from .auth import CSRF_COOKIE, SESSION_COOKIE
-from .dashboard import _ENV
+from hpo.server.api.auth import CSRF_COOKIE, SESSION_COOKIE
+from hpo.server.api.dashboard import _ENV
+from hpo.server.auth import SESSION_SECONDS, Authenticator, Principal, hash_token
 
 router = APIRouter(include_in_schema=False)
 _MAX_FORM = 8192

@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Query, status
 
-from .. import studies, trials
-from ..schemas import ManualTrialsIn, Page, StudyCreated, StudyPatch, StudyPublic, StudyRetryRequest
-from .deps import DatabaseDep, SettingsDep, StudyId
+from hpo.server import studies, trials
+from hpo.server.api.deps import DatabaseDep, SettingsDep, StudyId
+from hpo.server.schemas import ManualTrialsIn, Page, StudyCreated, StudyPatch, StudyPublic, StudyRetryRequest
 
 router = APIRouter(prefix="/api/v1/studies", tags=["studies"])
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, status
 
-from .. import leases, trials
-from ..schemas import CheckpointPublic, Page, ReplicasRequest, TrialPublic
-from .deps import DatabaseDep, TrialId
+from hpo.server import leases, trials
+from hpo.server.api.deps import DatabaseDep, TrialId
+from hpo.server.schemas import CheckpointPublic, Page, ReplicasRequest, TrialPublic
 
 router = APIRouter(prefix="/api/v1/trials", tags=["trials"])
 

@@ -11,10 +11,10 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from hpo.policy import ExecutionPolicy
-
-from .. import leases, results, worker_health
-from ..errors import Forbidden
-from ..schemas import (
+from hpo.server import leases, results, worker_health
+from hpo.server.api.deps import DatabaseDep, SettingsDep, TrialId
+from hpo.server.errors import Forbidden
+from hpo.server.schemas import (
     CheckpointIn,
     Claim,
     ClaimRequest,
@@ -26,8 +26,7 @@ from ..schemas import (
     MetricsIn,
     WorkerHealthIn,
 )
-from ..wire import metrics_body
-from .deps import DatabaseDep, SettingsDep, TrialId
+from hpo.server.wire import metrics_body
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
 _METRICS_SCHEMA = MetricsIn.model_json_schema()  # self-contained: its $defs travel with it

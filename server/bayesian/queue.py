@@ -30,16 +30,15 @@ from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from hpo.lifetime import die_with_parent
-
-from .. import layout
-from ..db import Database
-from ..errors import StorageError, one_line
-from ..models import BayesianProposal, BayesianState, Study, StudyStatus, Trial, TrialStatus
-from ..space.dimension import map_unit, to_unit
-from ..space.search_space import ArmSpace
-from ..spec import StudySpec, parse_spec
-from . import settings as bayes
-from .designer import Problem, Proposal, propose
+from hpo.server import layout
+from hpo.server.bayesian import settings as bayes
+from hpo.server.bayesian.designer import Problem, Proposal, propose
+from hpo.server.db import Database
+from hpo.server.errors import StorageError, one_line
+from hpo.server.models import BayesianProposal, BayesianState, Study, StudyStatus, Trial, TrialStatus
+from hpo.server.space.dimension import map_unit, to_unit
+from hpo.server.space.search_space import ArmSpace
+from hpo.server.spec import StudySpec, parse_spec
 
 _log = logging.getLogger("hpo.server.bayesian")
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..space.search_space import ArmSpace
-from ..spec import StudySpec, sampled_names
+from hpo.server.space.search_space import ArmSpace
+from hpo.server.spec import StudySpec, sampled_names
 
 # Below about two observations per dimension (and never under five) a GP's hyperparameters are
 # mostly prior: Ax's and Optuna's GP sampler's quasi-random start is of this size.

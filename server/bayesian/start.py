@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from ..layout import TrialDraft
-from ..spec import StudySpec
-from . import queue
-from .warm import warm_observations
+from hpo.server.bayesian import queue
+from hpo.server.bayesian.warm import warm_observations
+from hpo.server.layout import TrialDraft
+from hpo.server.spec import StudySpec
 
 
 def bayesian_start(session: Session, study_id: int, spec: StudySpec) -> list[TrialDraft]:

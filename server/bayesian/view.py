@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ..db import Database
-from ..models import BayesianProposal, BayesianState, Study, Trial, TrialStatus
+from hpo.server.db import Database
+from hpo.server.models import BayesianProposal, BayesianState, Study, Trial, TrialStatus
 
 
 def bayesian_view(db: Database, study_id: int) -> dict[str, Any] | None:

@@ -17,13 +17,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .. import layout
-from ..errors import FieldError, InvalidInput
-from ..models import Study, Trial, TrialStatus
-from ..space.dimension import contains, to_unit, value_key
-from ..space.search_space import ArmSpace
-from ..spec import CROSSED_TYPES, Hyperparameter, StudySpec, parse_spec
-from . import settings as bayes
+from hpo.server import layout
+from hpo.server.bayesian import settings as bayes
+from hpo.server.errors import FieldError, InvalidInput
+from hpo.server.models import Study, Trial, TrialStatus
+from hpo.server.space.dimension import contains, to_unit, value_key
+from hpo.server.space.search_space import ArmSpace
+from hpo.server.spec import CROSSED_TYPES, Hyperparameter, StudySpec, parse_spec
 
 Observation = list[Any]  # [full unit point of the new study, objective value or None (infeasible)]
 
@@ -31,7 +31,7 @@ Observation = list[Any]  # [full unit point of the new study, objective value or
 def warm_observations(session: Session, spec: StudySpec) -> dict[str, list[Observation]]:
     """By arm key (queue.arm_key), the warm-start observations of every listed study; raises
     `InvalidInput` naming each study whose space does not contain this one's and why."""
-    from .queue import arm_key
+    from hpo.server.bayesian.queue import arm_key
 
     settings = spec.bayesian
     if settings is None or settings.warm_start is None:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from . import scales
+from hpo.server.space import scales
 
 # The types whose values are listed (cells of the unit interval), not given as a range.
 CELL_TYPES = ("categorical", "discrete")

@@ -8,8 +8,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .scales import from_scale, to_scale
-from .search_space import Dimension, from_unit
+from hpo.server.space.scales import from_scale, to_scale
+from hpo.server.space.search_space import Dimension, from_unit
 
 
 def widened(dim: Dimension, side: str, by: float = 0.5) -> Any:

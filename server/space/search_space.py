@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from .dimension import Declaration, map_unit, to_unit
-from .scales import from_scale, to_scale
+from hpo.server.space.dimension import Declaration, map_unit, to_unit
+from hpo.server.space.scales import from_scale, to_scale
 
 ORDERED_TYPES = ("float", "int", "discrete")
 
