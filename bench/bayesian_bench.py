@@ -37,7 +37,7 @@ from scipy.stats import qmc
 
 from hpo.server.bayesian.designer import Problem, propose
 from hpo.server.space.dimension import map_unit
-from hpo.server.spec import Hyperparameter
+from hpo.server.spec.model import Hyperparameter
 
 BUDGET = 40
 WORKERS = 4

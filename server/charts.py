@@ -35,7 +35,7 @@ from hpo.server.db import Database, epoch_seconds
 from hpo.server.errors import InvalidInput, NotFound
 from hpo.server.models import Trial, TrialAttempt, TrialStatus
 from hpo.server.space.search_space import Dimension, dimensions
-from hpo.server.spec import ANALYSIS_METRICS
+from hpo.server.spec.model import ANALYSIS_METRICS
 
 _log = logging.getLogger("hpo.server.charts")
 

@@ -19,7 +19,7 @@ from scipy.stats import qmc
 
 from hpo.server.errors import FieldError, InvalidInput
 from hpo.server.space.dimension import map_unit, outside_reason
-from hpo.server.spec import Hyperparameter, StudySpec, crossed_arms, sampled_names
+from hpo.server.spec.model import Hyperparameter, StudySpec, crossed_arms, sampled_names
 
 OPTIMIZER_PARAMS = ("learning_rate", "momentum", "beta1", "beta2", "epsilon", "weight_decay")
 # What scripts call them (argparse flags of public examples: `--lr`, `--wd`, `--eps`): a command

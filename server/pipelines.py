@@ -24,11 +24,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import catalogue, guards
 from hpo.server.db import Database
 from hpo.server.errors import AlreadyExists, FieldError, InvalidInput, NotFound
 from hpo.server.models import Launch, Pipeline, Round, Study
-from hpo.server.spec import parse_spec
+from hpo.server.spec import workloads
+from hpo.server.spec.model import parse_spec
+from hpo.server.spec.trainer import policy_errors
 
 ROUND_KINDS = ("improve", "understand", "exploit")
 # Trainer keys that belong to a user program; a study naming a workload drops them, and the reverse.
@@ -81,7 +82,7 @@ def validated_trainer(
         spec = parse_spec(raw)
     except InvalidInput as exc:
         raise InvalidInput([_pipeline_field(e, list(params)) for e in exc.errors]) from None
-    errors = guards.policy_errors(spec, policy or ExecutionPolicy()) + catalogue.workload_errors(spec)
+    errors = policy_errors(spec, policy or ExecutionPolicy()) + workloads.workload_errors(spec)
     if errors:
         raise InvalidInput([_pipeline_field(e, list(params)) for e in errors])
     return dict(trainer)

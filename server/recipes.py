@@ -36,7 +36,7 @@ from hpo.server.errors import Conflict, FieldError, InvalidInput, NotFound
 from hpo.server.models import Pipeline, Round, RoundRecipe, Study
 from hpo.server.pipelines import expand_spec, pipeline_or_404, round_or_404, round_studies
 from hpo.server.space import ranges
-from hpo.server.spec import CROSSED_TYPES, Hyperparameter, parse_spec
+from hpo.server.spec.model import CROSSED_TYPES, Hyperparameter, parse_spec
 
 KINDS = ("exploit", "steps", "instability", "warmup", "longer")
 REGULARIZERS = {"weight_decay": 0.0, "dropout": 0.0, "label_smoothing": 0.0}

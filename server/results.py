@@ -16,8 +16,8 @@ from hpo.server import objective
 from hpo.server.db import Database
 from hpo.server.errors import LeaseLost, NotFound, QuotaExceeded
 from hpo.server.models import Checkpoint, MetricPoint, Study, Trial, TrialStatus
+from hpo.server.numbers import to_storage
 from hpo.server.schemas import CheckpointIn, MetricsAccepted
-from hpo.server.values import to_storage
 
 _ENCODE = msgspec.json.Encoder().encode
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hpo.server.values import Integer
+from hpo.server.numbers import Integer
 
 
 class _Request(BaseModel):

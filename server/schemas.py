@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hpo.server.values import INTEGRAL, Integer, parse_number, to_json
+from hpo.server.numbers import INTEGRAL, Integer, parse_number, to_json
 
 TrialStatusName = Literal["pending", "running", "completed", "infeasible", "failed", "cancelled"]
 
@@ -237,7 +237,7 @@ class CheckpointPublic(_Public):
     objective: float | str | None
 
 
-# Hyperparameter names (at most a spec's 1,000, each at most 100 characters, server/spec.py).
+# Hyperparameter names (at most a spec's 1,000, each at most 100 characters, server/spec/model.py).
 UnreadParams = list[Annotated[str, Field(min_length=1, max_length=100)]] | None
 
 

@@ -14,7 +14,7 @@ from sqlalchemy import LargeBinary, Select, Text, cast, func, insert, select, te
 from sqlalchemy.orm import Session, defer
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import catalogue, guards, layout
+from hpo.server import layout
 from hpo.server.bayesian.start import bayesian_start
 from hpo.server.db import Database
 from hpo.server.errors import AlreadyExists, FieldError, InvalidInput, NotFound
@@ -29,7 +29,8 @@ from hpo.server.schemas import (
     TrialCounts,
     Warning,
 )
-from hpo.server.spec import StudySpec, arm_count, parse_spec
+from hpo.server.spec import trainer, workloads
+from hpo.server.spec.model import StudySpec, arm_count, parse_spec
 
 MAX_TRIALS_PER_STUDY = 100_000
 
@@ -49,7 +50,7 @@ def create_study(db: Database, raw_spec: object, policy: ExecutionPolicy | None 
         spec, drafts = _prepared(raw_spec, policy)
         with db.transaction() as session:
             study_id = _store(session, spec, drafts)
-    warnings = [Warning(**w) for w in layout.design_warnings(spec) + catalogue.workload_warnings(spec)]
+    warnings = [Warning(**w) for w in layout.design_warnings(spec) + workloads.workload_warnings(spec)]
     # A new study has no finished trial, so no best one: not judging it spares loading every trial.
     return StudyCreated(**get_study(db, study_id, best=False).model_dump(), warnings=warnings)
 
@@ -74,10 +75,10 @@ def create_in_round(
 def _prepared(raw_spec: object, policy: ExecutionPolicy | None) -> tuple[StudySpec, list[layout.TrialDraft] | None]:
     """The checked spec, and its manual trials' drafts (None: laid out while stored, `_store`)."""
     spec = parse_spec(raw_spec)
-    refused = guards.policy_errors(spec, policy or ExecutionPolicy())
+    refused = trainer.policy_errors(spec, policy or ExecutionPolicy())
     if refused:
         raise InvalidInput(refused)
-    typos = catalogue.workload_errors(spec)
+    typos = workloads.workload_errors(spec)
     if typos:
         raise InvalidInput(typos)
     costly = cost_errors(spec)

@@ -12,8 +12,8 @@ from hpo.server.analysis.unread import trial_warnings
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, NotFound
 from hpo.server.models import Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus, resumed
+from hpo.server.numbers import from_storage, to_json
 from hpo.server.schemas import CheckpointPublic, MetricPointPublic, Page, TrialPublic
-from hpo.server.values import from_storage, to_json
 
 TrialOrder = Literal["number", "objective", "-number"]
 

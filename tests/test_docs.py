@@ -31,7 +31,7 @@ def test_the_reference_pages_exist() -> None:
 
 
 def test_every_spec_field_is_documented() -> None:
-    from hpo.server.spec import Hyperparameter, Objective, Resources, StudySpec, TrainerSettings
+    from hpo.server.spec.model import Hyperparameter, Objective, Resources, StudySpec, TrainerSettings
 
     spec = (REPO / "docs" / "spec.md").read_text()
     for model in (StudySpec, Objective, Hyperparameter, Resources, TrainerSettings):

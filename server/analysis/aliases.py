@@ -11,7 +11,7 @@ from typing import Any
 
 from hpo.server.analysis.model import TrialSummary
 from hpo.server.analysis.queries import StudyInfo
-from hpo.server.spec import ANALYSIS_METRICS, ANALYSIS_PARAMS
+from hpo.server.spec.model import ANALYSIS_METRICS, ANALYSIS_PARAMS
 
 # The metrics the checks read: a trial page says in words when a trial reported none of one.
 CHECKED_METRICS = ("train/loss", "train/grad_norm")

@@ -16,7 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from hpo.server.schemas import MetricsIn
-from hpo.server.spec import StudySpec
+from hpo.server.spec.model import StudySpec
 
 _REF = "#/components/schemas/{model}"
 # Request bodies the routes read themselves (any JSON for the spec: parse_spec names each error).

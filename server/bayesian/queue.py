@@ -38,7 +38,7 @@ from hpo.server.errors import StorageError, one_line
 from hpo.server.models import BayesianProposal, BayesianState, Study, StudyStatus, Trial, TrialStatus
 from hpo.server.space.dimension import map_unit, to_unit
 from hpo.server.space.search_space import ArmSpace
-from hpo.server.spec import StudySpec, parse_spec
+from hpo.server.spec.model import StudySpec, parse_spec
 
 _log = logging.getLogger("hpo.server.bayesian")
 

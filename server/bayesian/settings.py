@@ -1,6 +1,6 @@
 """The bayesian designer's settings read from a spec (its quasi-random start, its queue), and the
 arm's search space it models. What `algorithm: "bayesian"` accepts is checked with the rest of the
-spec (`hpo.server.spec`, which the layout and this package build on).
+spec (`hpo.server.spec.model`, which the layout and this package build on).
 
 Decisions (docs/bayesian.md):
 - Scientific hyperparameters must be categorical or discrete: their values are crossed into arms as
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpo.server.space.search_space import ArmSpace
-from hpo.server.spec import StudySpec, sampled_names
+from hpo.server.spec.model import StudySpec, sampled_names
 
 # Below about two observations per dimension (and never under five) a GP's hyperparameters are
 # mostly prior: Ax's and Optuna's GP sampler's quasi-random start is of this size.

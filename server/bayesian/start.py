@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 from hpo.server.bayesian import queue
 from hpo.server.bayesian.warm import warm_observations
 from hpo.server.layout import TrialDraft
-from hpo.server.spec import StudySpec
+from hpo.server.spec.model import StudySpec
 
 
 def bayesian_start(session: Session, study_id: int, spec: StudySpec) -> list[TrialDraft]:

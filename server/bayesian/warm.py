@@ -23,7 +23,7 @@ from hpo.server.errors import FieldError, InvalidInput
 from hpo.server.models import Study, Trial, TrialStatus
 from hpo.server.space.dimension import contains, to_unit, value_key
 from hpo.server.space.search_space import ArmSpace
-from hpo.server.spec import CROSSED_TYPES, Hyperparameter, StudySpec, parse_spec
+from hpo.server.spec.model import CROSSED_TYPES, Hyperparameter, StudySpec, parse_spec
 
 Observation = list[Any]  # [full unit point of the new study, objective value or None (infeasible)]
 

@@ -1,4 +1,4 @@
-"""The server's catalogue of built-in workloads (server/catalogue.py): equal to the trainer's real
+"""The server's catalogue of built-in workloads (server/spec/workloads.py): equal to the trainer's real
 registry, and typos refused at creation with the valid names listed."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import sys
 from typing import Any
 
 from hpo.policy import BUILTIN_WORKLOADS
-from hpo.server.catalogue import BUILTIN, CHOICES, workload_errors, workload_warnings
-from hpo.server.spec import parse_spec
+from hpo.server.spec.model import parse_spec
+from hpo.server.spec.workloads import BUILTIN, CHOICES, workload_errors, workload_warnings
 from tests.server.factories import study_spec
 
 
 def test_catalogue_matches_the_trainer_registry() -> None:
     """Adding a built-in workload (or a hyperparameter, or a metric) to hpo.trainer.workloads
-    without updating server/catalogue.py fails here, not in a user's study."""
+    without updating server/spec/workloads.py fails here, not in a user's study."""
     from hpo.trainer import workloads
 
     assert set(BUILTIN) == set(workloads.WORKLOADS) == set(BUILTIN_WORKLOADS)
@@ -33,7 +33,7 @@ def test_catalogue_matches_the_trainer_registry() -> None:
 
 
 def test_the_server_side_does_not_import_torch() -> None:
-    code = "import sys, hpo.server.catalogue, hpo.server.studies; print('torch' in sys.modules)"
+    code = "import sys, hpo.server.spec.workloads, hpo.server.studies; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -7,7 +7,7 @@ import pytest
 
 from hpo.server.errors import InvalidInput
 from hpo.server.layout import design_warnings, manual_drafts
-from hpo.server.spec import parse_spec
+from hpo.server.spec.model import parse_spec
 from tests.server.factories import study_spec
 
 SCI = {"name": "optimizer", "role": "scientific", "type": "categorical", "values": ["sgd", "adam"]}

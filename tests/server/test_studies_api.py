@@ -12,7 +12,7 @@ from hpo.cli import main
 from hpo.policy import ExecutionPolicy
 from hpo.server import layout, studies
 from hpo.server.config import ServerSettings
-from hpo.server.spec import parse_spec
+from hpo.server.spec.model import parse_spec
 from hpo.server.studies import LIST_SPEC_BYTES, MAX_SPEC_VALUES
 from hpo.settings import Settings
 from tests.conftest import LiveServer

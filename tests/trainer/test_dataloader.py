@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from hpo.server.guards import TRAINER_KEYS
+from hpo.server.spec.trainer import TRAINER_KEYS
 from hpo.trainer import ConfigError, train
 from hpo.trainer.batches import ExampleDataset, TrainBatches, eval_batches
 from hpo.trainer.checkpoints import checkpoint_path, load

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hpo.server.layout import manual_drafts
-from hpo.server.spec import parse_spec
+from hpo.server.spec.model import parse_spec
 from tests.server.factories import study_spec
 
 TRIAL = {"params": {"optimizer": "adam", "learning_rate": 1e-3, "beta1": 0.9, "weight_decay": 1e-5, "batch_size": 128}}

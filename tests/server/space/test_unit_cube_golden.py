@@ -16,7 +16,7 @@ import pytest
 from hpo.server import layout
 from hpo.server.bayesian import settings, warm
 from hpo.server.space import dimension
-from hpo.server.spec import Hyperparameter, parse_spec
+from hpo.server.spec.model import Hyperparameter, parse_spec
 from tests.server.factories import study_spec
 
 nan = math.nan

@@ -20,8 +20,8 @@ from typing import Any
 
 from hpo.command_template import has_placeholders, used_hyperparameters
 from hpo.server.errors import FieldError
-from hpo.server.guards import trainer_value
-from hpo.server.spec import StudySpec
+from hpo.server.spec.model import StudySpec
+from hpo.server.spec.trainer import trainer_value
 from hpo.trainer.config import OPTIMIZERS, TRAINING_HYPERPARAMETERS
 from hpo.trainer.schedules import SCHEDULES
 

@@ -31,10 +31,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
-from hpo.server import guards
 from hpo.server.errors import FieldError, InvalidInput
+from hpo.server.numbers import INTEGRAL, Integer
 from hpo.server.space.dimension import CELL_TYPES, contains, outside_reason, value_key
-from hpo.server.values import INTEGRAL, Integer
+from hpo.server.spec.trainer import depth, trainer_errors, trainer_value_of
 
 MAX_TRIALS_PER_STUDY = 100_000
 MAX_SPEC_DEPTH = 32
@@ -115,7 +115,7 @@ class Hyperparameter(_Strict):
 
 class TrainerSettings(BaseModel):
     """Fixed training settings of the study; other keys the trainer reads pass through to it
-    (hpo.server.guards.TRAINER_KEYS lists them; any other key is refused).
+    (hpo.server.spec.trainer.TRAINER_KEYS lists them; any other key is refused).
     `max_train_steps` is never a tuned hyperparameter (playbook, "Determining the number of steps
     for each training run")."""
 
@@ -240,7 +240,7 @@ def parse_spec(raw: object) -> StudySpec:
     right. Pure: no I/O, the same input gives the same answer."""
     if not isinstance(raw, dict):
         raise InvalidInput.one("body", "must be a JSON object (the study spec)")
-    if guards.depth(raw, MAX_SPEC_DEPTH) > MAX_SPEC_DEPTH:
+    if depth(raw, MAX_SPEC_DEPTH) > MAX_SPEC_DEPTH:
         raise InvalidInput.one("body", f"nests deeper than {MAX_SPEC_DEPTH} levels")
     try:
         spec = StudySpec.model_validate(raw)
@@ -481,7 +481,7 @@ def _condition_errors(spec: StudySpec, path: str, key: str, allowed: list[Any]) 
 
 
 def _trainer_errors(spec: StudySpec) -> Iterator[FieldError]:
-    yield from guards.trainer_errors(spec)
+    yield from trainer_errors(spec)
     declared = {hp.name for hp in spec.hyperparameters}
     for key in sorted((spec.trainer.model_extra or {}).keys() & declared):
         yield FieldError(f"trainer.{key}", f"is also declared as a hyperparameter; give {key!r} in one place")
@@ -493,7 +493,7 @@ def _command_errors(trainer: TrainerSettings) -> Iterator[FieldError]:
     directory relative to the root the worker's operator set, so it may not climb out of it."""
     if trainer.command is None:
         for key in ("workdir", "silence_timeout_seconds", "env"):
-            if guards.trainer_value_of(trainer, key) is not None:
+            if trainer_value_of(trainer, key) is not None:
                 yield FieldError(f"trainer.{key}", "applies only to trainer.command")
         return
     if "workload" in trainer.model_fields_set:

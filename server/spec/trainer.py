@@ -23,7 +23,7 @@ from hpo.trainer.config import TRAINING_HYPERPARAMETERS
 from hpo.trainer.config import TrainerSettings as _RunSettings
 
 if TYPE_CHECKING:
-    from hpo.server.spec import StudySpec
+    from hpo.server.spec.model import StudySpec
 
 # `resume_from` is set by the worker from the server's own checkpoint records, never by a spec
 # (it would name an arbitrary file for torch to load).
