@@ -14,10 +14,11 @@ from sqlalchemy import LargeBinary, Select, Text, cast, func, insert, select, te
 from sqlalchemy.orm import Session, defer
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import layout
 from hpo.server.bayesian.start import bayesian_start
 from hpo.server.db import Database
 from hpo.server.errors import AlreadyExists, FieldError, InvalidInput, NotFound
+from hpo.server.layout import manual
+from hpo.server.layout import quasi_random as layout
 from hpo.server.models import Study, StudyStatus, Trial, TrialStatus
 from hpo.server.schemas import (
     ManualTrialIn,
@@ -29,7 +30,7 @@ from hpo.server.schemas import (
     TrialCounts,
     Warning,
 )
-from hpo.server.spec import trainer, workloads
+from hpo.server.spec import advice, trainer, workloads
 from hpo.server.spec.model import StudySpec, arm_count, parse_spec
 
 MAX_TRIALS_PER_STUDY = 100_000
@@ -50,7 +51,7 @@ def create_study(db: Database, raw_spec: object, policy: ExecutionPolicy | None 
         spec, drafts = _prepared(raw_spec, policy)
         with db.transaction() as session:
             study_id = _store(session, spec, drafts)
-    warnings = [Warning(**w) for w in layout.design_warnings(spec) + workloads.workload_warnings(spec)]
+    warnings = [Warning(**w) for w in advice.design_warnings(spec) + workloads.workload_warnings(spec)]
     # A new study has no finished trial, so no best one: not judging it spares loading every trial.
     return StudyCreated(**get_study(db, study_id, best=False).model_dump(), warnings=warnings)
 
@@ -266,7 +267,7 @@ def add_manual_trials(db: Database, study_id: int, trials: Sequence[ManualTrialI
         study = _study_or_404(session, study_id, lock=True)
         spec = parse_spec(study.spec)
         raw = [t.model_dump(exclude_none=True) for t in trials]
-        drafts = layout.manual_drafts(spec, raw)
+        drafts = manual.manual_drafts(spec, raw)
         ensure_room(session, study.id, len(drafts), "trials")
         first = _next_number(session, study.id)
         return _insert_trials(session, study, drafts, first_number=first)
@@ -289,7 +290,7 @@ def ensure_room(session: Session, study_id: int, adding: int, field: str) -> Non
 
 def _initial_drafts(spec: StudySpec) -> list[layout.TrialDraft] | None:
     if spec.algorithm == "manual":
-        return layout.manual_drafts(spec, [t.model_dump(exclude_none=True) for t in spec.trials or []])
+        return manual.manual_drafts(spec, [t.model_dump(exclude_none=True) for t in spec.trials or []])
     if spec.algorithm == "bayesian":
         return []  # laid out by bayesian_start, which needs the database (warm start)
     return None  # laid out while stored, a chunk at a time (`_lay_out`)

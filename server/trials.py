@@ -7,10 +7,11 @@ from typing import Any, Literal
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from hpo.server import layout, studies
+from hpo.server import studies
 from hpo.server.analysis.unread import trial_warnings
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, NotFound
+from hpo.server.layout import quasi_random as layout
 from hpo.server.models import Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus, resumed
 from hpo.server.numbers import from_storage, to_json
 from hpo.server.schemas import CheckpointPublic, MetricPointPublic, Page, TrialPublic

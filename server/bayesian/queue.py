@@ -30,11 +30,11 @@ from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from hpo.lifetime import die_with_parent
-from hpo.server import layout
 from hpo.server.bayesian import settings as bayes
 from hpo.server.bayesian.designer import Problem, Proposal, propose
 from hpo.server.db import Database
 from hpo.server.errors import StorageError, one_line
+from hpo.server.layout import quasi_random as layout
 from hpo.server.models import BayesianProposal, BayesianState, Study, StudyStatus, Trial, TrialStatus
 from hpo.server.space.dimension import map_unit, to_unit
 from hpo.server.space.search_space import ArmSpace

@@ -6,7 +6,7 @@ from sqlalchemy.orm import Session
 
 from hpo.server.bayesian import queue
 from hpo.server.bayesian.warm import warm_observations
-from hpo.server.layout import TrialDraft
+from hpo.server.layout.quasi_random import TrialDraft
 from hpo.server.spec.model import StudySpec
 
 

@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hpo.server import layout
 from hpo.server.bayesian import settings as bayes
 from hpo.server.errors import FieldError, InvalidInput
+from hpo.server.layout import quasi_random as layout
 from hpo.server.models import Study, Trial, TrialStatus
 from hpo.server.space.dimension import contains, to_unit, value_key
 from hpo.server.space.search_space import ArmSpace

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 from scipy.stats import qmc
 
-from hpo.server.layout import dimensions, layout_trials, trial_seed
+from hpo.server.layout.quasi_random import dimensions, layout_trials, trial_seed
 from hpo.server.space.dimension import map_unit, to_unit
 from hpo.server.spec.model import Hyperparameter, parse_spec
 from tests.server.factories import study_spec

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hpo.server.errors import InvalidInput
-from hpo.server.layout import design_warnings, manual_drafts
+from hpo.server.layout.manual import manual_drafts
+from hpo.server.spec.advice import design_warnings
 from hpo.server.spec.model import parse_spec
 from tests.server.factories import study_spec
 

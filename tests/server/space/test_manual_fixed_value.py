@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpo.server.layout import manual_drafts
+from hpo.server.layout.manual import manual_drafts
 from hpo.server.spec.model import parse_spec
 from tests.server.factories import study_spec
 

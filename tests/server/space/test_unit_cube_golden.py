@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from hpo.server import layout
 from hpo.server.bayesian import settings, warm
+from hpo.server.layout import quasi_random as layout
 from hpo.server.space import dimension
 from hpo.server.spec.model import Hyperparameter, parse_spec
 from tests.server.factories import study_spec
