@@ -6,22 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 from hpo.server.errors import FieldError, InvalidInput
-from hpo.server.layout.quasi_random import TrialDraft, arms, trial_seed
-from hpo.server.space.dimension import outside_reason
-from hpo.server.spec.model import StudySpec
+from hpo.server.layout.quasi_random import TrialDraft, trial_seed
+from hpo.server.spec.model import StudySpec, manual_arm, manual_trial_errors
 
 
 def manual_drafts(spec: StudySpec, trials: list[dict[str, Any]]) -> list[TrialDraft]:
     """Drafts for user-listed trials: each names values for the study's varied hyperparameters
-    (the arm comes from its scientific values; fixed ones are filled in). Params outside the
-    declared space are refused with the trial's index."""
+    (the arm comes from its scientific values; fixed ones are filled in, and may be repeated).
+    Params outside the declared space are refused with the trial's index, by the same check that
+    refused them in the spec."""
     errors: list[FieldError] = []
     drafts = []
     for index, trial in enumerate(trials):
         params = dict(trial.get("params") or {})
         path = f"trials[{index}].params"
-        arm = {hp.name: params.get(hp.name) for hp in spec.hyperparameters if hp.crossed}
-        found = list(_manual_errors(spec, arm, params, path))
+        arm = manual_arm(spec, params)
+        found = manual_trial_errors(spec, params, path)
         errors += found
         if found:
             continue
@@ -35,26 +35,3 @@ def manual_drafts(spec: StudySpec, trials: list[dict[str, Any]]) -> list[TrialDr
     if errors:
         raise InvalidInput(errors)
     return drafts
-
-
-def _manual_errors(spec: StudySpec, arm: dict[str, Any], params: dict[str, Any], path: str) -> Any:
-    if arm not in arms(spec):
-        yield FieldError(path, f"scientific values {arm} are not an arm of this study")
-        return
-    applicable = {hp.name: hp for hp in spec.hyperparameters if hp.varied and not hp.crossed and hp.holds(arm)}
-    fixed = {hp.name for hp in spec.hyperparameters if hp.role == "fixed"}
-    crossed = {hp.name for hp in spec.hyperparameters if hp.crossed}
-    for name, value in params.items():
-        if name in crossed:
-            continue
-        if name in fixed:
-            yield FieldError(f"{path}.{name}", "is fixed in this study")
-        elif name not in applicable:
-            yield FieldError(f"{path}.{name}", "is not a hyperparameter of this study for this arm")
-        else:
-            reason = outside_reason(applicable[name], value)
-            if reason:
-                yield FieldError(f"{path}.{name}", reason)
-    for name in applicable:
-        if name not in params:
-            yield FieldError(f"{path}.{name}", "is missing")

@@ -3,8 +3,6 @@ may repeat fixed values")."""
 
 from __future__ import annotations
 
-import pytest
-
 from hpo.server.layout.manual import manual_drafts
 from hpo.server.spec.model import parse_spec
 from tests.server.factories import study_spec
@@ -12,10 +10,6 @@ from tests.server.factories import study_spec
 TRIAL = {"params": {"optimizer": "adam", "learning_rate": 1e-3, "beta1": 0.9, "weight_decay": 1e-5, "batch_size": 128}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: the spec's checks accept a manual trial repeating a fixed value, the layout refuses it",
-)
 def test_a_manual_trial_may_repeat_a_fixed_value() -> None:
     spec = parse_spec(study_spec(algorithm="manual", trials=[TRIAL]))  # accepted by the spec's checks
     drafts = manual_drafts(spec, [t.model_dump(exclude_none=True) for t in spec.trials or []])
