@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from analysis_bench import build_study  # noqa: E402
 
 from hpo.server.analysis.keeper import keep_all  # noqa: E402
+from hpo.server.cache.kept import StillStudies  # noqa: E402
 from hpo.server.charts import first_visit_answer  # noqa: E402
 from hpo.server.db import Database  # noqa: E402
-from hpo.server.kept_charts import StillStudies  # noqa: E402
 
 KINDS = ("progress", "history", "axis", "parallel", "contour", "importance", "curves", "grad_norm", "isolation",
          "best_steps", "budget", "timeline")  # fmt: skip

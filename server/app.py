@@ -37,10 +37,10 @@ from hpo.server.api.html_errors import HtmlErrors
 from hpo.server.api.middleware import BodyLimit, PagePolicy
 from hpo.server.auth import Authenticator
 from hpo.server.bayesian.queue import Refiller
+from hpo.server.cache.kept import StillStudies
 from hpo.server.config import ServerSettings
 from hpo.server.db import Database
 from hpo.server.errors import StorageError, one_line
-from hpo.server.kept_charts import StillStudies
 from hpo.settings import Settings
 
 _log = logging.getLogger("hpo.server")

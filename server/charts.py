@@ -23,14 +23,15 @@ import numpy as np
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from hpo.server import kept_charts
-from hpo.server.analysis import memo, queries, sketches
+from hpo.server.analysis import queries, sketches
 from hpo.server.analysis.aliases import CHECKED_METRICS, aliases_of, metric_name, missing_metric, setting
 from hpo.server.analysis.arms import arm_summaries
 from hpo.server.analysis.divergence import load_trials
 from hpo.server.analysis.model import TrialSummary, arm_label, fmt
 from hpo.server.analysis.plotdata import plot_data
 from hpo.server.analysis.service import horizon_of, json_safe, kept_analysis
+from hpo.server.cache import kept as kept_charts
+from hpo.server.cache import memo
 from hpo.server.db import Database, epoch_seconds
 from hpo.server.errors import InvalidInput, NotFound
 from hpo.server.models import Trial, TrialAttempt, TrialStatus

@@ -2,7 +2,7 @@
 
 One row per study and chart kind (history, axis, isolation, importance): the JSON the chart
 endpoint answered, the study version it was computed at and a digest of the code that computed
-it (hpo.server.kept_charts). Written only while no trial of the study runs, by the server that
+it (hpo.server.cache.kept). Written only while no trial of the study runs, by the server that
 answered the chart or by the keeper once the study is still; a fresh server's first visit of a
 large study reads these rows instead of judging every trial again. No foreign key (as
 metric_points): nothing deletes studies.

@@ -28,10 +28,11 @@ from dataclasses import replace
 import numpy as np
 from sqlalchemy.orm import Session
 
-from hpo.server.analysis import memo, queries
+from hpo.server.analysis import queries
 from hpo.server.analysis.aliases import aliases_of, metric_name
 from hpo.server.analysis.model import Curve, TrialSummary
 from hpo.server.analysis.outliers import robust_best
+from hpo.server.cache import memo
 from hpo.trainer.divergence import END_POINTS, TRAIN_LOSS, Rule, Series, chance_of, is_loss, judge
 
 # The best few feasible trials of each arm are checked for a lone outlier at their best step.

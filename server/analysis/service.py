@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from hpo.server.analysis import memo, queries
+from hpo.server.analysis import queries
 from hpo.server.analysis.aliases import aliases_of, filed, metric_name, renamed_study, renamed_trials
 from hpo.server.analysis.arms import arm_summaries, comparison, comparison_warnings, trial_variance
 from hpo.server.analysis.boundary import boundary_warnings, check_boundaries
@@ -59,6 +59,7 @@ from hpo.server.analysis.training import (
 from hpo.server.analysis.unread import study_warnings as unread_warnings
 from hpo.server.analysis.unread import unread_by_trial
 from hpo.server.bayesian.view import bayesian_view
+from hpo.server.cache import memo
 from hpo.server.db import Database
 from hpo.server.models import resumed
 from hpo.server.space.search_space import Dimension, dimensions
@@ -117,7 +118,7 @@ def kept_analysis(db: Database, study_id: int) -> dict[str, Any]:
 
 
 def _kept_checklist(db: Database, study_id: int) -> dict[str, Any]:
-    from hpo.server.kept_charts import ANALYSIS, read_or_compute  # kept_charts reads this package's memo
+    from hpo.server.cache.kept import ANALYSIS, read_or_compute  # kept_charts reads this package's memo
 
     body = read_or_compute(db, study_id, ANALYSIS, lambda: json.dumps(_checklist(db, study_id)).encode())
     return dict(json.loads(body))

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from hpo.server import auth, charts, notes
-from hpo.server.analysis import memo
 from hpo.server.api.deps import DatabaseDep, StudyId, TrialId
+from hpo.server.cache import memo
 from hpo.server.charts import ChartKind
 from hpo.server.trial_table import SORT_KEYS, TableQuery, parse_param_filters, trial_table
 

@@ -20,21 +20,23 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from starlette.background import BackgroundTask
 
+import hpo.server
 from hpo.command_template import expand
-from hpo.server import charts, evidence, kept_charts, notes, pipelines, studies, trial_table, trials, worker_health
-from hpo.server.analysis import memo, queries
+from hpo.server import charts, evidence, notes, pipelines, studies, trial_table, trials, worker_health
+from hpo.server.analysis import queries
 from hpo.server.analysis.model import arm_label, fmt
 from hpo.server.analysis.service import kept_analysis, resume_advice
 from hpo.server.analysis.tracking import tracking_rows
 from hpo.server.api.deps import DatabaseDep, SettingsDep, StudyId, TrialId
 from hpo.server.api.pipelines import PipelineId, RoundId
+from hpo.server.cache import kept, memo
 from hpo.server.charts import best_per_arm
 from hpo.server.errors import InvalidInput, NotFound
 from hpo.server.schemas import TrialCounts
 
 router = APIRouter(include_in_schema=False)
 
-_HERE = Path(__file__).resolve().parent.parent
+_HERE = Path(hpo.server.__file__).resolve().parent  # templates/ and static/ sit in the package's root
 _ENV = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(["html"]))
 _STATIC = _HERE / "static"
 _STATIC_TYPES = {".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml", ".png": "image/png"}
@@ -87,7 +89,7 @@ def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResp
         can_write=can_write(request),
         round_id=study.spec.get("round_id"),
         pipeline_id=study.spec.get("pipeline_id"),
-        first_screen=kept_charts.FIRST_SCREEN,
+        first_screen=kept.FIRST_SCREEN,
     )
     # After the answer: the charts the page is about to ask for start from these summaries.
     page.background = BackgroundTask(charts.warm, db, study_id)

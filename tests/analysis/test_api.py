@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import httpx
 import pytest
 
-from hpo.server.analysis import memo
+from hpo.server.cache import memo
 from tests.analysis.protocol import API, analysis, create, run_pending
 from tests.analysis.test_planted import spec, valley
 

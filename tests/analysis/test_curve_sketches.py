@@ -9,8 +9,9 @@ import math
 from sqlalchemy import text
 
 from hpo.server import charts, studies
-from hpo.server.analysis import keeper, memo, queries, sketches
+from hpo.server.analysis import keeper, queries, sketches
 from hpo.server.analysis.divergence import curve_names, train_loss_name
+from hpo.server.cache import memo
 from hpo.server.db import Database
 from hpo.server.schemas import MetricPointIn
 from tests.analysis import planted

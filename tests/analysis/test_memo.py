@@ -8,7 +8,7 @@ import threading
 import time
 
 from hpo.server import leases, studies
-from hpo.server.analysis import memo
+from hpo.server.cache import memo
 from hpo.server.db import Database
 from tests.server.factories import study_spec
 

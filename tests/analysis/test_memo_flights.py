@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hpo.server.analysis import memo
+from hpo.server.cache import memo
 from hpo.server.db import Database
 
 

@@ -388,7 +388,7 @@ def test_a_thinned_contour_says_how_many_of_its_trials_it_draws(
     """Past CONTOUR_POINTS trials the contour draws the best and an even sample of them over the
     surface of them all, and its caption says so (the server runs in this process)."""
     from hpo.server import charts
-    from hpo.server.analysis import memo
+    from hpo.server.cache import memo
 
     monkeypatch.setattr(charts, "CONTOUR_POINTS", 5)
     try:

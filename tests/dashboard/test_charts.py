@@ -127,7 +127,7 @@ def test_the_contour_thins_its_markers_but_interpolates_over_every_trial(
     client: httpx.Client, study: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hpo.server import charts
-    from hpo.server.analysis import memo
+    from hpo.server.cache import memo
 
     sid = study["id"]
     whole = chart(client, sid, "contour", x="learning_rate", y="weight_decay")

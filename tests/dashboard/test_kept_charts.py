@@ -1,5 +1,5 @@
 """First-screen charts and the analysis kept in the database per study version
-(hpo.server.kept_charts): read back by a server that never computed them, never for another
+(hpo.server.cache.kept): read back by a server that never computed them, never for another
 version, other code or other options, never written while a trial runs, and computed by the
 keeper's chore once a study is still."""
 
@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import delete, select, update
 
 from hpo.server import charts
-from hpo.server.analysis import memo
+from hpo.server.cache import memo
+from hpo.server.cache.kept import ANALYSIS, FIRST_SCREEN, KEPT, StillStudies, code_digest
 from hpo.server.db import Database
-from hpo.server.kept_charts import ANALYSIS, FIRST_SCREEN, KEPT, StillStudies, code_digest
 from hpo.server.models import KeptChart
 from tests.analysis.protocol import create, run_pending
 from tests.analysis.test_planted import spec, valley

@@ -134,7 +134,7 @@ def test_the_study_page_starts_the_judgement_its_charts_start_from(client: httpx
     computed (charts.warm), so the charts the page asks for next do not each wait for them."""
     import time
 
-    from hpo.server.analysis import memo
+    from hpo.server.cache import memo
 
     study = create(client, conditional_spec(num_trials=10))
     run_pending(client, with_failures)
@@ -156,7 +156,7 @@ def test_a_study_s_charts_asked_at_once_answer_as_one_by_one(client: httpx.Clien
     one by one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from hpo.server.analysis import memo
+    from hpo.server.cache import memo
 
     study = create(client, conditional_spec(num_trials=12))
     run_pending(client, with_failures)

@@ -26,7 +26,8 @@ from sqlalchemy import case, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from hpo.server.analysis import memo
+import hpo.server
+from hpo.server.cache import memo
 from hpo.server.db import Database
 from hpo.server.errors import HpoError
 from hpo.server.models import KeptChart, Trial, TrialStatus
@@ -53,7 +54,7 @@ Version = tuple[str, ...]
 def code_digest() -> str:
     """A digest of the server's Python sources and of the trainer's divergence rules, which judge
     every trial the charts and the analysis start from: an answer kept by other code is never read."""
-    root = Path(__file__).resolve().parent
+    root = Path(hpo.server.__file__).resolve().parent
     digest = hashlib.sha256()
     for path in [*sorted(root.rglob("*.py")), Path(divergence_rules.__file__).resolve()]:
         digest.update(str(path.relative_to(root.parent)).encode())
