@@ -13,9 +13,8 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from hpo.server import charts as chart_data
-from hpo.server import leases, signing_key
+from hpo.server import signing_key
 from hpo.server import studies as studies_service
-from hpo.server.aio import AsyncDatabase
 from hpo.server.analysis.keeper import Keeper
 from hpo.server.api import (
     analysis,
@@ -41,6 +40,8 @@ from hpo.server.cache.kept import StillStudies
 from hpo.server.config import ServerSettings
 from hpo.server.db import Database
 from hpo.server.errors import StorageError, one_line
+from hpo.server.trials import leases
+from hpo.server.trials.leases_async import AsyncDatabase
 from hpo.settings import Settings
 
 _log = logging.getLogger("hpo.server")

@@ -23,7 +23,7 @@ import numpy as np
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from hpo.server.analysis import queries, sketches
+from hpo.server.analysis import queries
 from hpo.server.analysis.aliases import CHECKED_METRICS, aliases_of, metric_name, missing_metric, setting
 from hpo.server.analysis.arms import arm_summaries
 from hpo.server.analysis.divergence import load_trials
@@ -34,6 +34,7 @@ from hpo.server.cache import kept as kept_charts
 from hpo.server.cache import memo
 from hpo.server.db import Database, epoch_seconds
 from hpo.server.errors import InvalidInput, NotFound
+from hpo.server.metrics import sketches
 from hpo.server.models import Trial, TrialAttempt, TrialStatus
 from hpo.server.space.search_space import Dimension, dimensions
 from hpo.server.spec.model import ANALYSIS_METRICS
@@ -664,7 +665,7 @@ def _attempt_span(r: Any, now: float) -> tuple[float, float, str]:
         return start, max(start, r.ended_at), r.outcome if r.outcome in _OUTCOME_INDEX else "unknown"
     if r.status is TrialStatus.running and r.attempts == r.attempt:
         return start, max(start, now), "running"
-    # Open, yet not the trial's running attempt (never written so by hpo.server.leases).
+    # Open, yet not the trial's running attempt (never written so by hpo.server.trials.leases).
     return start, start if r.finished_at is None else max(start, r.finished_at), "unknown"
 
 

@@ -241,8 +241,8 @@ def connections_warning(db: Database, processes: int) -> str | None:
     from sqlalchemy import text
     from sqlalchemy.exc import SQLAlchemyError
 
-    from hpo.server.aio import POOL_SIZE
     from hpo.server.db import POOL_KEPT, POOL_OVERFLOW
+    from hpo.server.trials.leases_async import POOL_SIZE
 
     if db.is_sqlite:
         return None

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import studies, trials
+from hpo.server import studies
 from hpo.server.analysis import queries
 from hpo.server.analysis.arms import CONFIDENCE, comparison, replica_stats, seed_ignored_message
 from hpo.server.analysis.divergence import load_trials
@@ -30,6 +30,7 @@ from hpo.server.db import Database
 from hpo.server.errors import Conflict, InvalidInput
 from hpo.server.models import Launch, Pipeline, Round, Study
 from hpo.server.pipelines import launch_public, pipeline_or_404, round_or_404, round_studies, round_summary
+from hpo.server.trials import reads as trials
 
 VERDICTS = ("better", "within_noise", "worse", "unstable", "unknown")
 

@@ -247,7 +247,7 @@ class KeptChart(Base):
 
 class TrialAttempt(Base):
     """One attempt of a trial: a claim opens it (in the claim's statement), and whatever ends the
-    lease closes it in the same transaction (hpo.server.leases): `outcome` is `completed`, a fail
+    lease closes it in the same transaction (hpo.server.trials.leases): `outcome` is `completed`, a fail
     kind (`error`, `infeasible`, `config`, `preempted`), `expired` (the reaper) or `cancelled`;
     NULL, with no `ended_at`, while it runs. A claim handed back unrun deletes its row. The
     dashboard's timeline draws one bar per row. Trials from before migration 0011 have none.

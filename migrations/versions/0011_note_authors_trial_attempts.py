@@ -2,7 +2,7 @@
 
 `notes.author` is the name of the token that saved the note last (NULL when the server needs no
 token, and for notes written before). `trial_attempts` holds one row per claim of a trial: its
-worker, start, end and how it ended (hpo.server.leases writes it with each lease transition; the
+worker, start, end and how it ended (hpo.server.trials.leases writes it with each lease transition; the
 dashboard's timeline draws one bar per row). Trials that started before this migration have no
 rows: the timeline draws them as one bar from their first start to their finish, as before. No
 foreign key (as metric_points): nothing deletes trials, and its check would cost every claim.

@@ -6,7 +6,7 @@ points/s on two cores. `metric_chunks` holds one row per trial, metric and batch
 (ascending, unique, disjoint from the other rows of that trial and metric), values (NULL where not
 finite) and non-finite flags as arrays. `metric_points` becomes a view that unnests them, with the
 same columns as the table it replaces, so every reader's SQL is unchanged; the writers (ingest, a
-resumed attempt's history cut) write chunks (hpo.server.results, hpo.server.leases). The rows of
+resumed attempt's history cut) write chunks (hpo.server.metrics.ingest, hpo.server.trials.leases). The rows of
 `metric_points` move into one chunk per trial and metric. SQLite keeps its `metric_points` table.
 
 Revision ID: 0014

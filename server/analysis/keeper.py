@@ -23,10 +23,11 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from hpo.server.analysis import queries, sketches
+from hpo.server.analysis import queries
 from hpo.server.analysis.divergence import curve_names, train_loss_name
 from hpo.server.db import Database
 from hpo.server.errors import StorageError, one_line
+from hpo.server.metrics import sketches
 from hpo.server.models import Trial
 
 _log = logging.getLogger("hpo.server.analysis")

@@ -22,7 +22,7 @@ from starlette.background import BackgroundTask
 
 import hpo.server
 from hpo.command_template import expand
-from hpo.server import charts, evidence, notes, pipelines, studies, trial_table, trials, worker_health
+from hpo.server import charts, evidence, notes, pipelines, studies, trial_table
 from hpo.server.analysis import queries
 from hpo.server.analysis.model import arm_label, fmt
 from hpo.server.analysis.service import kept_analysis, resume_advice
@@ -33,6 +33,8 @@ from hpo.server.cache import kept, memo
 from hpo.server.charts import best_per_arm
 from hpo.server.errors import InvalidInput, NotFound
 from hpo.server.schemas import TrialCounts
+from hpo.server.trials import reads as trials
+from hpo.server.trials import worker_health
 
 router = APIRouter(include_in_schema=False)
 

@@ -6,9 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import func, select
 
-from hpo.server import worker_health
 from hpo.server.api.deps import DatabaseDep
 from hpo.server.models import Study, Trial
+from hpo.server.trials import worker_health
 
 router = APIRouter(tags=["health"])
 

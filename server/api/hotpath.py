@@ -23,11 +23,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import aio, leases
 from hpo.server.api.errors import error_response
 from hpo.server.api.workers import _runs
 from hpo.server.errors import HpoError
 from hpo.server.schemas import ClaimRequest, LeaseRequest
+from hpo.server.trials import leases, leases_async
 
 _CLAIM = "/api/v1/workers/claim"
 _HEARTBEAT = re.compile(r"/api/v1/trials/(\d{1,10})/heartbeat")
@@ -36,7 +36,7 @@ _JSON = [(b"content-type", b"application/json")]
 
 
 class HotPath:
-    def __init__(self, app: ASGIApp, adb: aio.AsyncDatabase | None) -> None:
+    def __init__(self, app: ASGIApp, adb: leases_async.AsyncDatabase | None) -> None:
         self.app, self.adb = app, adb
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -70,14 +70,14 @@ class HotPath:
         if not done:
             await self.app(scope, onward, send)
 
-    async def _claim(self, scope: Scope, adb: aio.AsyncDatabase, raw: bytes, send: Send) -> bool:
+    async def _claim(self, scope: Scope, adb: leases_async.AsyncDatabase, raw: bytes, send: Send) -> bool:
         try:
             body = ClaimRequest.model_validate_json(raw)
         except ValidationError:
             return False
         settings = scope["app"].state.settings
         offered = body.resources
-        answer = await aio.claim(adb, body.worker_id, offered.cpus, offered.gpus, settings.lease_seconds)
+        answer = await leases_async.claim(adb, body.worker_id, offered.cpus, offered.gpus, settings.lease_seconds)
         if answer is not None and body.capabilities is not None:
             policy = ExecutionPolicy(
                 workload_globs=tuple(body.capabilities.workloads),
@@ -98,13 +98,15 @@ class HotPath:
         await _send(send, 200, answer.model_dump_json().encode())
         return True
 
-    async def _heartbeat(self, scope: Scope, adb: aio.AsyncDatabase, trial_id: int, raw: bytes, send: Send) -> bool:
+    async def _heartbeat(
+        self, scope: Scope, adb: leases_async.AsyncDatabase, trial_id: int, raw: bytes, send: Send
+    ) -> bool:
         try:
             body = LeaseRequest.model_validate_json(raw)
         except ValidationError:
             return False
         settings = scope["app"].state.settings
-        answer = await aio.heartbeat(adb, trial_id, body.lease_id, settings.lease_seconds)
+        answer = await leases_async.heartbeat(adb, trial_id, body.lease_id, settings.lease_seconds)
         if answer is None:
             return False
         await _send(send, 200, answer.model_dump_json().encode())

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, status
 
-from hpo.server import leases, trials
 from hpo.server.api.deps import DatabaseDep, TrialId
 from hpo.server.schemas import CheckpointPublic, Page, ReplicasRequest, TrialPublic
+from hpo.server.trials import leases
+from hpo.server.trials import reads as trials
 
 router = APIRouter(prefix="/api/v1/trials", tags=["trials"])
 

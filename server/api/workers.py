@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import leases, results, worker_health
 from hpo.server.api.deps import DatabaseDep, SettingsDep, TrialId
 from hpo.server.errors import Forbidden
+from hpo.server.metrics import ingest
 from hpo.server.schemas import (
     CheckpointIn,
     Claim,
@@ -26,6 +26,7 @@ from hpo.server.schemas import (
     MetricsIn,
     WorkerHealthIn,
 )
+from hpo.server.trials import leases, worker_health
 from hpo.server.wire import metrics_body
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
@@ -98,14 +99,14 @@ async def metrics(request: Request, db: DatabaseDep, trial_id: TrialId) -> Respo
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
     _check_trial_token(request, body.lease_id)
     quota = request.app.state.server_settings.max_points_per_trial
-    answer = await run_in_threadpool(results.record_metrics, db, trial_id, body.lease_id, body.points, quota)
+    answer = await run_in_threadpool(ingest.record_metrics, db, trial_id, body.lease_id, body.points, quota)
     return Response(answer.model_dump_json(), media_type="application/json")
 
 
 @router.post("/trials/{trial_id}/checkpoints", status_code=status.HTTP_201_CREATED)
 def checkpoint(request: Request, db: DatabaseDep, trial_id: TrialId, body: CheckpointIn) -> dict[str, int]:
     _check_trial_token(request, body.lease_id)
-    return {"checkpoint_id": results.record_checkpoint(db, trial_id, body.lease_id, body)}
+    return {"checkpoint_id": ingest.record_checkpoint(db, trial_id, body.lease_id, body)}
 
 
 def _check_trial_token(request: Request, lease_id: str) -> None:

@@ -213,8 +213,9 @@ def run_clean_trial(db: Any, seed: int, *, complete: bool = True, extra: Sequenc
     """Claims the next trial through the lease protocol, records `clean(seed)`'s curves (validation
     error rate and training loss, level 0.1 + 0.01 seed) and the `extra` points, and completes it
     (or leaves it running); answers its id."""
-    from hpo.server import leases, results
+    from hpo.server.metrics import ingest
     from hpo.server.schemas import MetricPointIn
+    from hpo.server.trials import leases
 
     claim = leases.claim(db, "w", 4, 0, 60)
     assert claim is not None
@@ -224,7 +225,7 @@ def run_clean_trial(db: Any, seed: int, *, complete: bool = True, extra: Sequenc
         for name, curve in (("valid/error_rate", valid), ("train/loss", train))
         for step, value in zip(curve.steps, curve.values, strict=True)
     ]
-    results.record_metrics(db, claim.trial_id, claim.lease_id, [*points, *extra])
+    ingest.record_metrics(db, claim.trial_id, claim.lease_id, [*points, *extra])
     if complete:
         leases.complete(db, claim.trial_id, claim.lease_id)
     return claim.trial_id

@@ -9,10 +9,11 @@ import math
 from sqlalchemy import text
 
 from hpo.server import charts, studies
-from hpo.server.analysis import keeper, queries, sketches
+from hpo.server.analysis import keeper, queries
 from hpo.server.analysis.divergence import curve_names, train_loss_name
 from hpo.server.cache import memo
 from hpo.server.db import Database
+from hpo.server.metrics import sketches
 from hpo.server.schemas import MetricPointIn
 from tests.analysis import planted
 from tests.server.factories import study_spec

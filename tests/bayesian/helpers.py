@@ -6,9 +6,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from hpo.server import leases, results
 from hpo.server.db import Database
+from hpo.server.metrics import ingest
 from hpo.server.schemas import MetricPointIn
+from hpo.server.trials import leases
 
 Objective = Callable[[dict[str, Any]], float | None]  # None: the trial is infeasible
 
@@ -50,6 +51,6 @@ def run_one(db: Database, objective: Objective = planted) -> dict[str, Any] | No
         leases.fail(db, claim.trial_id, claim.lease_id, "infeasible", "diverged", 1)
     else:
         metric = claim.config["objective"]["metric"]
-        results.record_metrics(db, claim.trial_id, claim.lease_id, [MetricPointIn(step=1, name=metric, value=value)])
+        ingest.record_metrics(db, claim.trial_id, claim.lease_id, [MetricPointIn(step=1, name=metric, value=value)])
         leases.complete(db, claim.trial_id, claim.lease_id)
     return {"trial_id": claim.trial_id, "params": params, "value": value}

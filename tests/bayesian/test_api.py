@@ -119,6 +119,6 @@ def test_warm_start_seeds_the_model_with_the_exploration_study(db: Database) -> 
 
 
 def studies_trials(db: Database, study_id: int) -> list[dict]:
-    from hpo.server import trials
+    from hpo.server.trials import reads as trials
 
     return [t.params for t in trials.list_trials(db, study_id, limit=1000).items]

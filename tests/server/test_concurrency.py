@@ -11,9 +11,10 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from hpo.server import leases, studies
+from hpo.server import studies
 from hpo.server.db import Database
 from hpo.server.models import Trial
+from hpo.server.trials import leases
 from hpo.settings import Settings
 from tests.conftest import LiveServer
 from tests.server.factories import study_spec

@@ -15,9 +15,11 @@ from psycopg import sql as psycopg_sql
 from sqlalchemy import select
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import aio, leases, studies
+from hpo.server import studies
 from hpo.server.db import Database
 from hpo.server.models import Trial, TrialStatus
+from hpo.server.trials import leases
+from hpo.server.trials import leases_async
 from hpo.settings import Settings
 from tests.conftest import LiveServer
 
@@ -35,13 +37,13 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often the direct path ran a claim and a heartbeat (the live server runs in this process)."""
     counted = {"claim": 0, "heartbeat": 0}
     for name in counted:
-        original = getattr(aio, name)
+        original = getattr(leases_async, name)
 
         async def spy(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
             counted[_name] += 1
             return await _original(*args, **kwargs)
 
-        monkeypatch.setattr(aio, name, spy)
+        monkeypatch.setattr(leases_async, name, spy)
     return counted
 
 
@@ -159,8 +161,8 @@ def test_a_prepared_claims_generic_plan_reads_the_partial_index_of_pending_trial
             names.append(match.group(1))
         return f"${names.index(match.group(1)) + 1}"
 
-    statement = re.sub(r"%\((\w+)\)s", positional, aio._CLAIM.sql)
-    values = aio._CLAIM.params({"lease_id": "l", "worker_id": "w", "cpus": 8.0, "gpus": 0.0, "lease_seconds": 60.0})
+    statement = re.sub(r"%\((\w+)\)s", positional, leases_async._CLAIM.sql)
+    values = leases_async._CLAIM.params({"lease_id": "l", "worker_id": "w", "cpus": 8.0, "gpus": 0.0, "lease_seconds": 60.0})
     connection = db.engine.raw_connection()
     try:
         cursor = connection.cursor()

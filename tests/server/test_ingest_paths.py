@@ -12,12 +12,14 @@ import threading
 import pytest
 from sqlalchemy import select, text, update
 
-from hpo.server import leases, results, studies
+from hpo.server import studies
 from hpo.server.analysis import queries
 from hpo.server.db import Database
 from hpo.server.errors import LeaseLost, NotFound, QuotaExceeded
+from hpo.server.metrics import ingest
 from hpo.server.models import MetricPoint, Study, StudyStatus, Trial
 from hpo.server.schemas import MetricPointIn
+from hpo.server.trials import leases
 
 SPEC = {
     "name": "ingest",
@@ -47,17 +49,17 @@ def _stored(db: Database, trial_id: int) -> tuple[int | None, float | None, int 
 
 def test_objective_follows_replays_that_overwrite_the_best(db: Database) -> None:
     trial_id, lease = _claimed(db)
-    first = results.record_metrics(
+    first = ingest.record_metrics(
         db, trial_id, lease, _points((10, "valid/error_rate", 0.3), (20, "valid/error_rate", 0.1)), 1000
     )
     assert (first.objective_value, first.best_step) == (0.1, 20)
     # A replay of step 20 with a worse value: the best is now step 10's, not the replaced 0.1.
-    replay = results.record_metrics(db, trial_id, lease, _points((20, "valid/error_rate", 0.5)), 1000)
+    replay = ingest.record_metrics(db, trial_id, lease, _points((20, "valid/error_rate", 0.5)), 1000)
     assert (replay.objective_value, replay.best_step) == (0.3, 10)
     # Other metrics leave the objective as it is; ties go to the earliest step.
-    other = results.record_metrics(db, trial_id, lease, _points((30, "train/loss", 0.01)), 1000)
+    other = ingest.record_metrics(db, trial_id, lease, _points((30, "train/loss", 0.01)), 1000)
     assert (other.objective_value, other.best_step) == (0.3, 10)
-    tie = results.record_metrics(db, trial_id, lease, _points((40, "valid/error_rate", 0.3)), 1000)
+    tie = ingest.record_metrics(db, trial_id, lease, _points((40, "valid/error_rate", 0.3)), 1000)
     assert (tie.objective_value, tie.best_step) == (0.3, 10)
     # Four distinct points stored, counted once each although step 20 came twice.
     assert _stored(db, trial_id) == (4, 0.3, 10, 4)
@@ -65,11 +67,11 @@ def test_objective_follows_replays_that_overwrite_the_best(db: Database) -> None
 
 def test_non_finite_objective_points_are_data_not_a_best(db: Database) -> None:
     trial_id, lease = _claimed(db)
-    answer = results.record_metrics(
+    answer = ingest.record_metrics(
         db, trial_id, lease, _points((1, "valid/error_rate", math.nan), (2, "valid/error_rate", -math.inf)), 1000
     )
     assert (answer.objective_value, answer.best_step) == (None, None)
-    answer = results.record_metrics(
+    answer = ingest.record_metrics(
         db, trial_id, lease, _points((3, "valid/error_rate", 0.7), (2, "valid/error_rate", 0.9)), 1000
     )
     assert (answer.objective_value, answer.best_step) == (0.7, 3)
@@ -78,25 +80,25 @@ def test_non_finite_objective_points_are_data_not_a_best(db: Database) -> None:
 
 def test_uncounted_trials_and_the_quota_take_the_exact_path(db: Database) -> None:
     trial_id, lease = _claimed(db)
-    results.record_metrics(db, trial_id, lease, _points((1, "train/loss", 1.0), (2, "train/loss", 0.9)), 5)
+    ingest.record_metrics(db, trial_id, lease, _points((1, "train/loss", 1.0), (2, "train/loss", 0.9)), 5)
     with db.transaction() as session:  # a trial from before points were counted
         session.execute(update(Trial).where(Trial.id == trial_id).values(point_count=None))
-    results.record_metrics(db, trial_id, lease, _points((3, "train/loss", 0.8)), 5)
+    ingest.record_metrics(db, trial_id, lease, _points((3, "train/loss", 0.8)), 5)
     assert _stored(db, trial_id)[0] == 3
     # 3 held + 3 sent is over 5 unless the replays are seen as replays: the exact path does.
-    results.record_metrics(db, trial_id, lease, _points((2, "train/loss", 0.5), (3, "train/loss", 0.4), (4, "x", 1)), 5)
+    ingest.record_metrics(db, trial_id, lease, _points((2, "train/loss", 0.5), (3, "train/loss", 0.4), (4, "x", 1)), 5)
     assert _stored(db, trial_id)[0] == 4
     with pytest.raises(QuotaExceeded):
-        results.record_metrics(db, trial_id, lease, _points((5, "x", 1), (6, "x", 1)), 5)
+        ingest.record_metrics(db, trial_id, lease, _points((5, "x", 1), (6, "x", 1)), 5)
     assert _stored(db, trial_id)[0] == 4
 
 
 def test_fencing_holds_on_the_fast_paths(db: Database) -> None:
     trial_id, lease = _claimed(db)
     with pytest.raises(LeaseLost):
-        results.record_metrics(db, trial_id, "0" * 36, _points((1, "train/loss", 1.0)), 1000)
+        ingest.record_metrics(db, trial_id, "0" * 36, _points((1, "train/loss", 1.0)), 1000)
     with pytest.raises(NotFound):
-        results.record_metrics(db, 999_999, lease, _points((1, "train/loss", 1.0)), 1000)
+        ingest.record_metrics(db, 999_999, lease, _points((1, "train/loss", 1.0)), 1000)
     with pytest.raises(LeaseLost):
         leases.heartbeat(db, trial_id, "0" * 36, 60)
     with pytest.raises(NotFound):
@@ -111,7 +113,7 @@ def test_fencing_holds_on_the_fast_paths(db: Database) -> None:
     leases.cancel(db, trial_id)
     assert leases.heartbeat(db, trial_id, lease, 60).should_stop  # cancelled: stop, not 409
     with pytest.raises(LeaseLost):  # but a cancelled trial takes no more points
-        results.record_metrics(db, trial_id, lease, _points((1, "train/loss", 1.0)), 1000)
+        ingest.record_metrics(db, trial_id, lease, _points((1, "train/loss", 1.0)), 1000)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -150,7 +152,7 @@ def test_any_sequence_of_batches_and_cuts_stores_the_last_value_of_each_step(db:
         ]
         if not points:
             continue
-        results.record_metrics(db, trial_id, lease, _points(*points), 100_000)
+        ingest.record_metrics(db, trial_id, lease, _points(*points), 100_000)
         expected.update({(name, step): value for step, name, value in points})
         top = max(top, *(step for step, _, _ in points))
     with db.transaction() as session:
@@ -192,7 +194,7 @@ def test_batches_sent_twice_at_once_store_each_point_once(postgres_url: str) -> 
     def send() -> None:
         try:
             for batch in batches:
-                results.record_metrics(db, trial_id, lease, batch, 100_000)
+                ingest.record_metrics(db, trial_id, lease, batch, 100_000)
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
 

@@ -7,8 +7,8 @@ import time
 
 import httpx
 
-from hpo.server import leases
 from hpo.server.db import Database
+from hpo.server.trials import leases
 from tests.server.factories import study_spec
 
 API = "/api/v1"
@@ -244,7 +244,7 @@ def test_expired_lease_is_reaped_requeued_and_fenced(database_url: str) -> None:
         pass
     time.sleep(0.5)
     assert leases.reap_expired(db) == 1  # second expiry uses up the last attempt
-    from hpo.server import trials
+    from hpo.server.trials import reads as trials
 
     trial = trials.get_trial(db, first.trial_id)
     assert trial.status == "failed" and "lease expired" in (trial.error or "")

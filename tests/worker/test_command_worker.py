@@ -195,7 +195,7 @@ def test_a_lost_lease_sends_sigterm_then_sigkill_and_the_trial_resumes(ray_addre
     heartbeat gets 409, and the script (which ignores SIGTERM) is killed after the grace period; the
     same trial's next attempt resumes from its checkpoint and completes without a gap."""
     from hpo.server.db import Database
-    from hpo.server.leases import reap_expired
+    from hpo.server.trials.leases import reap_expired
     from hpo.worker.demo import EmbeddedServer
 
     settings = fault_settings(tmp_path, SERVER_ALLOWS)

@@ -28,11 +28,11 @@ from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.engine import make_url
 from starlette.concurrency import run_in_threadpool
 
-from hpo.server import leases
 from hpo.server.db import IDLE_CHECK_SECONDS, Database
 from hpo.server.errors import Conflict, HpoError, StorageError
 from hpo.server.models import StudyStatus, Trial, TrialStatus
 from hpo.server.schemas import Claim, HeartbeatAnswer
+from hpo.server.trials import leases
 
 _DIALECT = psycopg_dialect.dialect()
 # Connections per server process: a claim or heartbeat holds one for a round trip, so a few keep

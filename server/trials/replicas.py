@@ -11,7 +11,7 @@ from hpo.server.analysis import queries
 from hpo.server.analysis.divergence import load_trials
 from hpo.server.analysis.model import TrialSummary, arm_label
 from hpo.server.db import Database
-from hpo.server.trials import create_replicas
+from hpo.server.trials.reads import create_replicas
 
 
 def replicate_best(db: Database, study_id: int, per_arm: int, count: int) -> dict[str, Any]:

@@ -31,9 +31,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from hpo.server import objective
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, LeaseLost, NotFound
+from hpo.server.metrics import objective
 from hpo.server.models import (
     FINISHED_STATUSES,
     Checkpoint,

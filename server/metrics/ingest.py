@@ -12,9 +12,9 @@ from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from hpo.server import objective
 from hpo.server.db import Database
 from hpo.server.errors import LeaseLost, NotFound, QuotaExceeded
+from hpo.server.metrics import objective
 from hpo.server.models import Checkpoint, MetricPoint, Study, Trial, TrialStatus
 from hpo.server.numbers import to_storage
 from hpo.server.schemas import CheckpointIn, MetricsAccepted
