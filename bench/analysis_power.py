@@ -29,12 +29,12 @@ import math
 
 import numpy as np
 
-from hpo.server.analysis.arms import arm_summaries, comparison
-from hpo.server.analysis.curves import overfitting_screen
-from hpo.server.analysis.feasibility import value_concentration
+from hpo.server.analysis.load import CurveStats
 from hpo.server.analysis.model import Curve, TrialSummary
-from hpo.server.analysis.outliers import robust_best
-from hpo.server.analysis.queries import CurveStats
+from hpo.server.analysis.rules.arms import arm_summaries, comparison
+from hpo.server.analysis.rules.curves import overfitting_screen
+from hpo.server.analysis.rules.feasibility import value_concentration
+from hpo.server.analysis.rules.outliers import robust_best
 from hpo.server.space.search_space import dimensions
 from hpo.trainer.divergence import Series, judge
 

@@ -1,4 +1,4 @@
-"""Detection and false-alarm rates of the boundary rule (server/analysis/boundary.py), simulated over
+"""Detection and false-alarm rates of the boundary rule (server/analysis/rules/boundary.py), simulated over
 scrambled Halton designs of 8, 12 and 24 trials per arm, printed as a table for docs/analysis.md.
 
 Each simulated study varies a log-scaled learning rate (position u in [0, 1]) and two
@@ -25,8 +25,8 @@ from collections.abc import Callable
 import numpy as np
 from scipy.stats import qmc
 
-from hpo.server.analysis.boundary import check_boundaries
 from hpo.server.analysis.model import TrialSummary, arm_key
+from hpo.server.analysis.rules.boundary import check_boundaries
 from hpo.server.space.search_space import Dimension, from_unit
 
 LR = Dimension("learning_rate", "nuisance", "float", 1e-4, 1.0, "log")

@@ -23,12 +23,12 @@ import numpy as np
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from hpo.server.analysis import queries
+from hpo.server.analysis import load
 from hpo.server.analysis.aliases import CHECKED_METRICS, aliases_of, metric_name, missing_metric, setting
-from hpo.server.analysis.arms import arm_summaries
-from hpo.server.analysis.divergence import load_trials
 from hpo.server.analysis.model import TrialSummary, arm_label, fmt
 from hpo.server.analysis.plotdata import plot_data
+from hpo.server.analysis.rules.arms import arm_summaries
+from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.analysis.service import horizon_of, json_safe, kept_analysis
 from hpo.server.cache import kept as kept_charts
 from hpo.server.cache import memo
@@ -129,7 +129,7 @@ def _load(db: Database, study_id: int, kind: str, options: dict[str, Any]) -> di
     if kind in _FROM_PLOTDATA:
         return _FROM_PLOTDATA[kind](db, study_id, options)
     with db.transaction() as session:
-        study = queries.study_info(session, study_id)
+        study = load.study_info(session, study_id)
         base = {"kind": kind, "study": study.name, "metric": study.metric, "mode": study.mode}
         return {**base, **_CHARTS[kind](session, study, options)}
 
@@ -185,7 +185,7 @@ def trial_summaries(session: Session, study_id: int) -> list[TrialSummary]:
     """The analysis' own trial summaries (`divergence.load_trials`): the same trials judged
     diverged (drawn as infeasible) and the same best trials as the analysis and the PNG plots,
     shared by the charts of one study version (kept in `memo`)."""
-    trials, _ = load_trials(session, queries.study_info(session, study_id))
+    trials, _ = load_trials(session, load.study_info(session, study_id))
     return trials
 
 
@@ -224,7 +224,7 @@ def _originals(session: Session, study_id: int) -> list[TrialSummary]:
     return [t for t in trial_summaries(session, study_id) if t.replica_of is None]
 
 
-def _sign(study: queries.StudyInfo) -> float:
+def _sign(study: load.StudyInfo) -> float:
     return 1.0 if study.mode == "min" else -1.0
 
 
@@ -250,7 +250,7 @@ def _bounds(dim: Dimension) -> list[Any] | None:
     return None
 
 
-def _numeric_dims(study: queries.StudyInfo) -> list[Dimension]:
+def _numeric_dims(study: load.StudyInfo) -> list[Dimension]:
     return [d for d in dimensions(study.spec) if d.varied and d.type in ("float", "int", "discrete")]
 
 
@@ -272,7 +272,7 @@ def robust_range(values: np.ndarray, log: bool) -> list[float] | None:
 # --- progress ---------------------------------------------------------------------------------
 
 
-def _progress(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+def _progress(session: Session, study: load.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
     """Counts, ETA from the finishing rate of the last hour's trials, running trials and a stall
     signal; cheap, so pages poll it every few seconds: the counts and the newest start and finish
     are aggregated in the database, and only the finish times and the running trials leave it (a
@@ -360,7 +360,7 @@ def thin(trials: Sequence[TrialSummary], sign: float, budget: int = THIN_POINTS)
 # --- history ----------------------------------------------------------------------------------
 
 
-def _history(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+def _history(session: Session, study: load.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
     """The objective of each original trial against its number, by arm, infeasible trials as red
     crosses beyond the worst value, the best so far (originals only, as the analysis decides), and
     the completed replicas at the number of the trial they repeat (`replicas`, drawn hollow)."""
@@ -414,7 +414,7 @@ def _history(session: Session, study: queries.StudyInfo, _options: dict[str, Any
 # --- axis -------------------------------------------------------------------------------------
 
 
-def _axis(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+def _axis(session: Session, study: load.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
     """One panel per varied hyperparameter (a conditional one per arm, labelled with it): the
     objective of each original trial by arm, infeasible trials as red crosses beyond the worst
     value, completed replicas marked (`replicas`, drawn hollow, as in the history chart), the
@@ -486,7 +486,7 @@ def _holds_by_arm(dim: Dimension, *groups: Sequence[TrialSummary]) -> dict[str, 
 # --- parallel coordinates ---------------------------------------------------------------------
 
 
-def _parallel(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+def _parallel(session: Session, study: load.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
     """Feasible original trials as lines through one axis per varied hyperparameter and the
     objective; log scales as log10 with readable ticks, categories as indices with their names. A
     conditional hyperparameter is its own axis labelled with its arm; a trial of another arm
@@ -579,7 +579,7 @@ OUTCOMES = (
 _OUTCOME_INDEX = {name: i for i, name in enumerate(OUTCOMES)}
 
 
-def _timeline(session: Session, study: queries.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
+def _timeline(session: Session, study: load.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:
     """Each attempt of each trial as a bar over wall-clock time on the row of the worker that ran
     it, from its claim to its end (now while it runs), with how it ended (`OUTCOMES`: completed,
     preempted, an expired lease, error, infeasible, config, cancelled, running): gaps in a row are
@@ -700,7 +700,7 @@ def _union_seconds(intervals: Sequence[tuple[float, float]]) -> float:
 # --- contour ----------------------------------------------------------------------------------
 
 
-def _contour(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
+def _contour(session: Session, study: load.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
     """The objective over a pair of numeric hyperparameters (`x`, `y` options, each a label or an
     unambiguous name; the first valid pair by default), optionally within one `arm`, interpolated
     linearly between the trials on a 40 x 40 grid, with the trials on top. Conditional
@@ -767,7 +767,7 @@ def _contour(session: Session, study: queries.StudyInfo, options: dict[str, Any]
     }
 
 
-def queries_arms(study: queries.StudyInfo) -> list[dict[str, Any]]:
+def queries_arms(study: load.StudyInfo) -> list[dict[str, Any]]:
     """Every arm the spec crosses (its scientific categorical and discrete values), `[{}]` for a
     study without arms."""
     crossed = [d for d in dimensions(study.spec) if d.role == "scientific" and d.type in ("categorical", "discrete")]
@@ -826,7 +826,7 @@ IMPORTANCE_METHOD = (
 )
 
 
-def _importance(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
+def _importance(session: Session, study: load.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
     """Which hyperparameters the objective depends on, over the completed original trials (of one
     `arm` when asked), conditional ones included as their own dimensions (`importance_by_dim`);
     cached per study and arm until a trial finishes (the forests cost a few hundred milliseconds on
@@ -959,7 +959,7 @@ def _permutation_rises(
 # --- curves -----------------------------------------------------------------------------------
 
 
-def _curves(session: Session, study: queries.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
+def _curves(session: Session, study: load.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
     """Curves of `metric` (default: the objective) for the best `limit` original trials
     (`CURVES_SHOWN` by default) and the replicas of those (rank None, `replica_of` set), optionally
     of one `arm` (its label), downsampled to about `points` points. hpo's `train/loss` reads the
@@ -1031,7 +1031,7 @@ def trial_curves(db: Database, trial_id: int, points: int = 400) -> dict[str, An
         row = session.get(Trial, trial_id)
         if row is None:
             raise NotFound(f"trial {trial_id} not found")
-        study = queries.study_info(session, row.study_id)
+        study = load.study_info(session, row.study_id)
         names = [
             r[0]
             for r in session.execute(
@@ -1088,7 +1088,7 @@ def _grad_norm(db: Database, study_id: int, _options: dict[str, Any]) -> dict[st
         ids = [int(e["trial_id"]) for e in data["entries"]]
         rows = session.execute(select(Trial.id, Trial.params).where(Trial.id.in_(ids))).all() if ids else []
         clips: dict[int, Any] = {r.id: r.params for r in rows}
-        spec = queries.study_info(session, study_id).spec
+        spec = load.study_info(session, study_id).spec
     aliases = aliases_of(spec)
     entries = []
     for e in data["entries"]:
@@ -1174,7 +1174,7 @@ def _budget(db: Database, study_id: int, _options: dict[str, Any]) -> dict[str, 
     return {"kind": "budget", "study": data["study"], "metric": data["metric"], "mode": data["mode"], "series": series}
 
 
-_CHARTS: dict[str, Callable[[Session, queries.StudyInfo, dict[str, Any]], dict[str, Any]]] = {
+_CHARTS: dict[str, Callable[[Session, load.StudyInfo, dict[str, Any]], dict[str, Any]]] = {
     "progress": _progress,
     "history": _history,
     "axis": _axis,
@@ -1199,6 +1199,6 @@ _FROM_PLOTDATA: dict[str, Callable[[Database, int, dict[str, Any]], dict[str, An
 def best_per_arm(db: Database, study_id: int) -> dict[str, Any]:
     """For the compare page: a study's best trial per arm (arm summaries of the analysis)."""
     with db.transaction() as session:
-        study = queries.study_info(session, study_id)
+        study = load.study_info(session, study_id)
         arms = arm_summaries(trial_summaries(session, study_id), _sign(study))
     return json_safe({"id": study.id, "name": study.name, "metric": study.metric, "mode": study.mode, "arms": arms})

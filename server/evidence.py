@@ -22,10 +22,10 @@ from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
 from hpo.server import studies
-from hpo.server.analysis import queries
-from hpo.server.analysis.arms import CONFIDENCE, comparison, replica_stats, seed_ignored_message
-from hpo.server.analysis.divergence import load_trials
+from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary, fmt
+from hpo.server.analysis.rules.arms import CONFIDENCE, comparison, replica_stats, seed_ignored_message
+from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, InvalidInput
 from hpo.server.models import Launch, Pipeline, Round, Study
@@ -69,7 +69,7 @@ def _study_view(session: Session, study: Study) -> dict[str, Any]:
 class Candidate:
     """The round's best feasible original trial, its study and that study's trial summaries."""
 
-    def __init__(self, trial: TrialSummary, study: queries.StudyInfo, trials_: list[TrialSummary]) -> None:
+    def __init__(self, trial: TrialSummary, study: load.StudyInfo, trials_: list[TrialSummary]) -> None:
         self.trial, self.study, self.trials = trial, study, trials_
 
     @property
@@ -92,7 +92,7 @@ def find_candidate(session: Session, round_row: Round, sign: float) -> Candidate
     """The best feasible original trial over the round's own studies (not its baseline reruns)."""
     best: Candidate | None = None
     for study in round_studies(session, round_row.id):
-        info = queries.study_info(session, study.id)
+        info = load.study_info(session, study.id)
         summaries, _ = load_trials(session, info)
         trial = best_feasible(summaries, sign)
         if trial is not None and (best is None or _key(trial, sign) < _key(best.trial, sign)):
@@ -134,7 +134,7 @@ def baseline_runs(
     for study in round_studies(session, round_row.id, "baseline"):
         if dict(study.spec.get("trainer") or {}) != dict(trainer):
             continue
-        summaries, _ = load_trials(session, queries.study_info(session, study.id))
+        summaries, _ = load_trials(session, load.study_info(session, study.id))
         if summaries and dict(summaries[0].params) != dict(pipeline.baseline_params):
             continue
         matching.append(study)

@@ -28,9 +28,9 @@ from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
 from hpo.server import studies
-from hpo.server.analysis import queries
-from hpo.server.analysis.divergence import load_trials
+from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary, fmt
+from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, FieldError, InvalidInput, NotFound
 from hpo.server.models import Pipeline, Round, RoundRecipe, Study
@@ -201,7 +201,7 @@ def _source(session: Session, row: Round, pipeline: Pipeline, study_id: int | No
             )
         return None
     study = candidates[0]
-    summaries, _ = load_trials(session, queries.study_info(session, study.id))
+    summaries, _ = load_trials(session, load.study_info(session, study.id))
     return Source(study.id, study.name, dict(study.spec), summaries, sign)
 
 
@@ -378,7 +378,7 @@ def read_steps(session: Session, recipe: RoundRecipe, trials: list[TrialSummary]
     refused when that rate is the grid's smallest or largest."""
     metric, threshold = recipe.options["metric"], float(recipe.options["threshold"])
     rates = [float(r) for r in recipe.options["rates"]]
-    curves = queries.curves_of(session, [t.id for t in trials], [metric])
+    curves = load.curves_of(session, [t.id for t in trials], [metric])
     reached: list[dict[str, Any]] = []
     for t in trials:
         curve = curves.get(t.id, {}).get(metric)
@@ -437,7 +437,7 @@ def read_instability(session: Session, recipe: RoundRecipe, trials: list[TrialSu
     """Per rate: diverged (the one definition) or the training loss rising after a decline."""
     from hpo.trainer.divergence import TRAIN_LOSS
 
-    curves = queries.curves_of(session, [t.id for t in trials], [TRAIN_LOSS])
+    curves = load.curves_of(session, [t.id for t in trials], [TRAIN_LOSS])
     rows = []
     for t in sorted(trials, key=lambda t: float(t.params.get("learning_rate", 0))):
         curve = curves.get(t.id, {}).get(TRAIN_LOSS)
@@ -665,7 +665,7 @@ def recipe_views(session: Session, round_id: int) -> list[dict[str, Any]]:
 
 
 def _readout(session: Session, row: RoundRecipe, study: Study) -> dict[str, Any]:
-    trials, _ = load_trials(session, queries.study_info(session, study.id))
+    trials, _ = load_trials(session, load.study_info(session, study.id))
     originals = [t for t in trials if t.replica_of is None]
     reader = READOUTS.get(row.kind)
     if reader is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from hpo.server.analysis import queries
+from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary, arm_label
 from hpo.server.analysis.service import json_safe
 from hpo.server.charts import trial_summaries
@@ -169,7 +169,7 @@ def trial_table(db: Database, study_id: int, query: TableQuery) -> dict[str, Any
     if errors:
         raise InvalidInput(errors)
     with db.transaction() as session:
-        study = queries.study_info(session, study_id)
+        study = load.study_info(session, study_id)
         cols = columns(study.spec)
         filters = [(resolve(cols, f"param[{i}]", r.name), r) for i, r in enumerate(query.params)]
         sort_col = resolve(cols, "sort", query.sort[len("param:") :]) if query.sort.startswith("param:") else None
@@ -233,9 +233,7 @@ def trial_table(db: Database, study_id: int, query: TableQuery) -> dict[str, Any
     )
 
 
-def _metric_bests(
-    session: Any, study: queries.StudyInfo, metric: str, trials: Sequence[TrialSummary]
-) -> dict[int, float]:
+def _metric_bests(session: Any, study: load.StudyInfo, metric: str, trials: Sequence[TrialSummary]) -> dict[int, float]:
     """Each trial's best finite value of `metric`: the analysis' objective for the study's own
     metric, else the minimum (the maximum for an accuracy-like name) of its points: an ended
     trial's kept minimum where the curve statistics hold one (`curve_stats.vmin`, the same
@@ -271,7 +269,7 @@ def _metric_bests(
 # trial reported none of it. 1,000,000 points' minimum took 300 ms of a 5,000-trial table.
 _KEPT_MINIMUM = f"""
 SELECT c.trial_id, c.vmin, c.n FROM curve_stats c JOIN trials t ON t.id = c.trial_id
-WHERE t.study_id = :study_id AND t.status IN {queries.ENDED} AND c.attempt = t.attempt AND c.name = :name
+WHERE t.study_id = :study_id AND t.status IN {load.ENDED} AND c.attempt = t.attempt AND c.name = :name
 """
 
 

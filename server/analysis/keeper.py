@@ -1,4 +1,4 @@
-"""Keeps the curve statistics of ended trials (`queries.curve_stats`), and the downsampled curves
+"""Keeps the curve statistics of ended trials (`load.curve_stats`), and the downsampled curves
 of completed ones as the curves chart draws them (`sketches`), in the database as trials end, from
 a thread of each server process, so that a study page's first visit, and the analysis' first call,
 read them instead of aggregating every metric point of the study on the request path (3,000,000
@@ -6,7 +6,7 @@ points took 1.1-2 s of Postgres, and up to 7 s on a loaded machine, of a first v
 docs/decisions.md).
 
 Each pass finds the studies with an ended trial that has no kept row for its attempt, and keeps the
-missing rows with the very function the analysis reads them through (`queries.keep_curve_stats`,
+missing rows with the very function the analysis reads them through (`load.keep_curve_stats`,
 with the names, horizon and training-loss name `divergence.load_trials` asks for; `sketches.keep`
 with the chart's default width), so a kept row is always one the reader would have computed; one
 whose key no longer holds (a changed spec) is recomputed at read as before. On Postgres an advisory
@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from hpo.server.analysis import queries
-from hpo.server.analysis.divergence import curve_names, train_loss_name
+from hpo.server.analysis import load
+from hpo.server.analysis.rules.divergence import curve_names, train_loss_name
 from hpo.server.db import Database
 from hpo.server.errors import StorageError, one_line
 from hpo.server.metrics import sketches
@@ -38,7 +38,7 @@ _LOCK_CLASS = 0x68706F  # advisory lock namespace (`hpo`), the study id being th
 
 _UNKEPT = f"""
 SELECT DISTINCT t.study_id FROM trials t
-WHERE t.status IN {queries.ENDED} {{since}}
+WHERE t.status IN {load.ENDED} {{since}}
   AND (NOT EXISTS (SELECT 1 FROM curve_stats c WHERE c.trial_id = t.id AND c.attempt = t.attempt)
        OR (t.status = 'completed'
            AND NOT EXISTS (SELECT 1 FROM curve_sketches s WHERE s.trial_id = t.id AND s.attempt = t.attempt)))
@@ -53,11 +53,11 @@ def keep_study(db: Database, study_id: int) -> int:
             mine = session.execute(text("SELECT pg_try_advisory_xact_lock(:c, :s)"), {"c": _LOCK_CLASS, "s": study_id})
             if not mine.scalar():
                 return 0
-        study = queries.study_info(session, study_id)
+        study = load.study_info(session, study_id)
         train = train_loss_name(study)
         names = curve_names(study.metric, train)
-        horizon = queries.horizon(session, study)
-        aggregated = queries.keep_curve_stats(session, study.id, names, horizon, train)
+        horizon = load.horizon(session, study)
+        aggregated = load.keep_curve_stats(session, study.id, names, horizon, train)
         sketched = sketches.keep(session, study.id, names, sketches.bucket_width(horizon))
         return max(aggregated, sketched)
 

@@ -10,14 +10,16 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hpo.server.analysis import queries
+from hpo.server.analysis import load
 from hpo.server.analysis.aliases import aliases_of, filed, metric_name, missing_metric
-from hpo.server.analysis.arms import arm_summaries
-from hpo.server.analysis.boundary import check_boundaries
-from hpo.server.analysis.curves import OBJECTIVE_TRAIN
-from hpo.server.analysis.divergence import best_ranks, load_trials
-from hpo.server.analysis.isolation import isolation_series
 from hpo.server.analysis.model import TrialSummary
+from hpo.server.analysis.rules.arms import arm_summaries
+from hpo.server.analysis.rules.boundary import check_boundaries
+from hpo.server.analysis.rules.curves import OBJECTIVE_TRAIN
+from hpo.server.analysis.rules.divergence import best_ranks, load_trials
+from hpo.server.analysis.rules.isolation import isolation_series
+from hpo.server.analysis.rules.stopped import concluding, stopped_short
+from hpo.server.analysis.rules.training import best_step_summary
 from hpo.server.analysis.service import (
     BEST_FEW,
     GRAD_NORM,
@@ -28,8 +30,6 @@ from hpo.server.analysis.service import (
     noise_floors,
     noise_of,
 )
-from hpo.server.analysis.stopped import concluding, stopped_short
-from hpo.server.analysis.training import best_step_summary
 from hpo.server.db import Database
 from hpo.server.errors import NotFound
 from hpo.server.models import Checkpoint, Trial
@@ -43,12 +43,12 @@ def plot_data(db: Database, study_id: int, kind: str, trial_id: int | None = Non
     """The plain data `plots.render(kind, ...)` draws. `trial_id` narrows `curves` and `grad_norm`
     to one trial of the study. Raises `NotFound` for an unknown study or a trial not in it."""
     with db.transaction() as session:
-        study = queries.study_info(session, study_id)
+        study = load.study_info(session, study_id)
         base: dict[str, Any] = {"study": study.name, "metric": study.metric, "mode": study.mode}
         return {**base, **_LOADERS[kind](session, study, trial_id)}
 
 
-def _axis(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
+def _axis(session: Session, study: load.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
     trials, stats = load_trials(session, study)  # diverged trials drawn as red crosses
     dims = dimensions(study.spec)
     sign = 1.0 if study.mode == "min" else -1.0
@@ -58,24 +58,24 @@ def _axis(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> 
     return {"dims": [d for d in dims if d.varied], "trials": trials, "flagged": flagged}
 
 
-def _isolation(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
+def _isolation(session: Session, study: load.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
     trials, _ = load_trials(session, study)
     sign = 1.0 if study.mode == "min" else -1.0
     arms = arm_summaries(trials, sign)
     return {"series": isolation_series(dimensions(study.spec), trials, arms, sign), "arms": arms}
 
 
-def _curves(session: Session, study: queries.StudyInfo, trial_id: int | None) -> dict[str, Any]:
+def _curves(session: Session, study: load.StudyInfo, trial_id: int | None) -> dict[str, Any]:
     train = metric_name(aliases_of(study.spec), OBJECTIVE_TRAIN)  # a script's own name, filed under hpo's
     names = sorted({study.metric, train, *CURVE_EXTRA})
     if trial_id is not None:
         _ensure_in_study(session, study.id, trial_id)
         entries: list[dict[str, Any]] = [{"trial_id": trial_id, "label": f"trial {trial_id}", "rank": 1}]
-        curves = queries.curves_of(session, [trial_id], names)
+        curves = load.curves_of(session, [trial_id], names)
     else:
         summaries, _ = load_trials(session, study)  # the analysis' best few: never a diverged trial
         ranks = best_ranks(summaries, 1.0 if study.mode == "min" else -1.0, BEST_FEW)
-        curves = queries.curves_of(session, sorted(ranks), names)  # drawn as stored, outliers included
+        curves = load.curves_of(session, sorted(ranks), names)  # drawn as stored, outliers included
         trials = {t.id: t for t in summaries}
         entries = [
             {"trial_id": tid, "label": _arm_text(trials[tid].arm, tid, rank), "rank": rank}
@@ -87,7 +87,7 @@ def _curves(session: Session, study: queries.StudyInfo, trial_id: int | None) ->
     return {"entries": entries, "curves": curves, "checkpoints": _checkpoints(session, ids)}
 
 
-def _grad_norm(session: Session, study: queries.StudyInfo, trial_id: int | None) -> dict[str, Any]:
+def _grad_norm(session: Session, study: load.StudyInfo, trial_id: int | None) -> dict[str, Any]:
     if trial_id is not None:
         _ensure_in_study(session, study.id, trial_id)
         entries: list[dict[str, Any]] = [{"trial_id": trial_id, "label": f"trial {trial_id}"}]
@@ -98,8 +98,8 @@ def _grad_norm(session: Session, study: queries.StudyInfo, trial_id: int | None)
     ids = [int(e["trial_id"]) for e in entries]
     aliases = aliases_of(study.spec)
     name = metric_name(aliases, GRAD_NORM)  # the script's own name where aliased
-    stats = {row["trial_id"]: row for row in queries.grad_norm_stats(session, ids, metric=name)}
-    curves = queries.curves_of(session, ids, [name])
+    stats = {row["trial_id"]: row for row in load.grad_norm_stats(session, ids, metric=name)}
+    curves = load.curves_of(session, ids, [name])
     for e in entries:
         e["p90"] = stats.get(e["trial_id"], {}).get("p90")
         e["curve"] = curves.get(int(e["trial_id"]), {}).get(name)
@@ -109,14 +109,14 @@ def _grad_norm(session: Session, study: queries.StudyInfo, trial_id: int | None)
     return {"entries": entries, "grad_metric": name, "missing": missing}
 
 
-def _best_steps(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
+def _best_steps(session: Session, study: load.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
     sign = 1.0 if study.mode == "min" else -1.0
     trials, stats = load_trials(session, study)
     judged = _concluding(study, trials)
     return {"summary": best_step_summary(judged, sign, horizon_of(session, study), stats.get(study.metric))}
 
 
-def _budget(session: Session, study: queries.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
+def _budget(session: Session, study: load.StudyInfo, _trial_id: int | None) -> dict[str, Any]:
     trials, _ = load_trials(session, study)  # diverged trials never win a draw
     sign = 1.0 if study.mode == "min" else -1.0
     ranks, curves = best_curves(session, trials, study.metric, sign, BEST_FEW)
@@ -126,7 +126,7 @@ def _budget(session: Session, study: queries.StudyInfo, _trial_id: int | None) -
     return {"series": series}
 
 
-def _concluding(study: queries.StudyInfo, trials: list[TrialSummary]) -> list[TrialSummary]:
+def _concluding(study: load.StudyInfo, trials: list[TrialSummary]) -> list[TrialSummary]:
     """The trials the analysis draws its conclusions from (those that stopped short left out)."""
     settings = dict(study.spec.get("trainer") or {})
     return concluding(trials, stopped_short(trials, settings))
@@ -154,7 +154,7 @@ def _arm_text(arm: Any, trial_id: int, rank: int) -> str:
     return f"{name + ' ' if name else ''}#{rank} (trial {trial_id})"
 
 
-_LOADERS: dict[str, Callable[[Session, queries.StudyInfo, int | None], dict[str, Any]]] = {
+_LOADERS: dict[str, Callable[[Session, load.StudyInfo, int | None], dict[str, Any]]] = {
     "axis": _axis,
     "isolation": _isolation,
     "curves": _curves,

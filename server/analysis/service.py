@@ -1,7 +1,7 @@
 """`analyze_study`: the playbook's post-study checklist, run for the person ("Extracting insight
 from experimental results" and the sections after it).
 
-Loading happens in one transaction (queries.py, where the database does the heavy lifting); the
+Loading happens in one transaction (load.py, where the database does the heavy lifting); the
 checks are plain functions over plain data (boundary.py, diagnostics.py, budget.py, ...)."""
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from hpo.server.analysis import queries
+from hpo.server.analysis import load as queries
 from hpo.server.analysis.aliases import aliases_of, filed, metric_name, renamed_study, renamed_trials
-from hpo.server.analysis.arms import arm_summaries, comparison, comparison_warnings, trial_variance
-from hpo.server.analysis.boundary import boundary_warnings, check_boundaries
-from hpo.server.analysis.budget import best_of_k, flattened
-from hpo.server.analysis.curves import (
+from hpo.server.analysis.model import Curve, TrialSummary, arm_key, fmt, warning
+from hpo.server.analysis.rules.arms import arm_summaries, comparison, comparison_warnings, trial_variance
+from hpo.server.analysis.rules.boundary import boundary_warnings, check_boundaries
+from hpo.server.analysis.rules.budget import best_of_k, flattened
+from hpo.server.analysis.rules.curves import (
     OBJECTIVE_TRAIN,
     curve_report,
     exempt_trials,
@@ -28,17 +29,27 @@ from hpo.server.analysis.curves import (
     regularizers,
     screen_warnings,
 )
-from hpo.server.analysis.diagnostics import late_noise
-from hpo.server.analysis.divergence import best_ranks, load_trials, without_outlier
-from hpo.server.analysis.feasibility import (
+from hpo.server.analysis.rules.diagnostics import late_noise
+from hpo.server.analysis.rules.divergence import best_ranks, load_trials, without_outlier
+from hpo.server.analysis.rules.feasibility import (
     infeasible_summary,
     infeasible_warnings,
     instability_warnings,
     loss_instability_warnings,
     neighbours_above_best,
 )
-from hpo.server.analysis.isolation import isolation_series
-from hpo.server.analysis.model import Curve, TrialSummary, arm_key, fmt, warning
+from hpo.server.analysis.rules.isolation import isolation_series
+from hpo.server.analysis.rules.stopped import concluding, stopped_short, stopped_short_caveat, stopped_short_warnings
+from hpo.server.analysis.rules.training import (
+    best_step_summary,
+    caveats,
+    clipping_warnings,
+    grad_clip_summary,
+    max_train_steps_warnings,
+    warmup_warnings,
+)
+from hpo.server.analysis.rules.unread import study_warnings as unread_warnings
+from hpo.server.analysis.rules.unread import unread_by_trial
 from hpo.server.analysis.skipped import (
     best_step_skips,
     budget_skips,
@@ -47,17 +58,6 @@ from hpo.server.analysis.skipped import (
     merged,
     name_skips,
 )
-from hpo.server.analysis.stopped import concluding, stopped_short, stopped_short_caveat, stopped_short_warnings
-from hpo.server.analysis.training import (
-    best_step_summary,
-    caveats,
-    clipping_warnings,
-    grad_clip_summary,
-    max_train_steps_warnings,
-    warmup_warnings,
-)
-from hpo.server.analysis.unread import study_warnings as unread_warnings
-from hpo.server.analysis.unread import unread_by_trial
 from hpo.server.bayesian.view import bayesian_view
 from hpo.server.cache import memo
 from hpo.server.db import Database

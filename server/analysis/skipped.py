@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from hpo.server.analysis.budget import MIN_TRIALS
-from hpo.server.analysis.curves import OBJECTIVE_TRAIN
-from hpo.server.analysis.diagnostics import TRAIN_LOGS_NEEDED, curve_needs
-from hpo.server.analysis.feasibility import neighbours_above_best
 from hpo.server.analysis.model import Curve, TrialSummary
-from hpo.server.analysis.training import TOP_MIN
+from hpo.server.analysis.rules.budget import MIN_TRIALS
+from hpo.server.analysis.rules.curves import OBJECTIVE_TRAIN
+from hpo.server.analysis.rules.diagnostics import TRAIN_LOGS_NEEDED, curve_needs
+from hpo.server.analysis.rules.feasibility import neighbours_above_best
+from hpo.server.analysis.rules.training import TOP_MIN
 from hpo.server.space.search_space import Dimension, is_learning_rate
 
 Skip = tuple[str, str, int | None]

@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlalchemy import select, text
 
-from hpo.server.analysis import queries
-from hpo.server.analysis.divergence import study_best
+from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary
+from hpo.server.analysis.rules.divergence import study_best
 from hpo.server.db import Database
 from hpo.server.models import resumed
 
@@ -51,7 +51,7 @@ def tracking_rows(db: Database, base_url: str) -> list[dict[str, Any]]:
     with db.transaction() as session:
         rows = session.execute(text(_ROWS)).all()
         best = {r.id: study_best(session, r.id) for r in rows}
-        steps = queries.resume_steps(session, [t.id for t in best.values() if t is not None])
+        steps = load.resume_steps(session, [t.id for t in best.values() if t is not None])
         rounds = _rounds(session, {r.round_id for r in rows if r.round_id is not None})
     return [
         {

@@ -23,7 +23,7 @@ from starlette.background import BackgroundTask
 import hpo.server
 from hpo.command_template import expand
 from hpo.server import charts, evidence, notes, pipelines, studies, trial_table
-from hpo.server.analysis import queries
+from hpo.server.analysis import load
 from hpo.server.analysis.model import arm_label, fmt
 from hpo.server.analysis.service import kept_analysis, resume_advice
 from hpo.server.analysis.tracking import tracking_rows
@@ -77,7 +77,7 @@ def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResp
     page does not show the best trial, so it does not wait for the divergence judgement either."""
     study = studies.get_study(db, study_id, best=False)
     with db.transaction() as session:
-        labels = sorted({arm_label(arm) for arm in queries.arms_of(session, study_id)})
+        labels = sorted({arm_label(arm) for arm in load.arms_of(session, study_id)})
     page = _page(
         "study.html",
         **_analysis_context(db, study, memo.peek(db, study_id, "analysis")),
@@ -152,7 +152,7 @@ def resumed_mark(db: Any, trial: Any, spec: Mapping[str, Any]) -> dict[str, Any]
     if not trial.resumed:
         return None
     with db.transaction() as session:
-        step = queries.resume_steps(session, [trial.id]).get(trial.id)
+        step = load.resume_steps(session, [trial.id]).get(trial.id)
     return {"step": step, "advice": resume_advice(spec.get("trainer") or {}, trial.id)}
 
 

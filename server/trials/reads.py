@@ -8,7 +8,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from hpo.server import studies
-from hpo.server.analysis.unread import trial_warnings
+from hpo.server.analysis.rules.unread import trial_warnings
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, NotFound
 from hpo.server.layout import quasi_random as layout

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpo.server.analysis import queries
-from hpo.server.analysis.divergence import load_trials
+from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary, arm_label
+from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.trials.reads import create_replicas
 
@@ -19,7 +19,7 @@ def replicate_best(db: Database, study_id: int, per_arm: int, count: int) -> dic
     `{trial_ids, sources: [{arm, label, trial_id, replica_ids}]}`. Raises `NotFound` for an
     unknown study; an arm without a feasible trial gets none."""
     with db.transaction() as session:
-        study = queries.study_info(session, study_id)
+        study = load.study_info(session, study_id)
         trials, _ = load_trials(session, study)
     sign = 1.0 if study.mode == "min" else -1.0
     groups: dict[str, list[TrialSummary]] = {}

@@ -1,4 +1,4 @@
-"""`queries.beside`: a read on a second Postgres connection, in a thread, beside the caller's own
+"""`load.beside`: a read on a second Postgres connection, in a thread, beside the caller's own
 (the trial summaries are built while the curve statistics wait on Postgres); on SQLite, now."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from hpo.server.analysis import queries
+from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary
 from hpo.server.db import Database
 
@@ -14,13 +14,13 @@ from hpo.server.db import Database
 def test_on_postgres_the_read_runs_on_another_connection_and_its_error_reaches_the_caller(db: Database) -> None:
     with db.transaction() as session:
         if session.get_bind().dialect.name == "sqlite":
-            seen = queries.beside(session, lambda other: other is session).result()
+            seen = load.beside(session, lambda other: other is session).result()
             assert seen is True, "on SQLite the read runs on the caller's own session"
         else:
             mine = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
-            other = queries.beside(session, lambda o: o.execute(text("SELECT pg_backend_pid()")).scalar_one())
+            other = load.beside(session, lambda o: o.execute(text("SELECT pg_backend_pid()")).scalar_one())
             assert other.result(timeout=30) != mine
-        failing = queries.beside(session, lambda o: o.execute(text("SELECT * FROM no_such_table")).all())
+        failing = load.beside(session, lambda o: o.execute(text("SELECT * FROM no_such_table")).all())
         with pytest.raises(Exception, match="no_such_table"):
             failing.result(timeout=30)
         # the caller's own transaction is untouched by the other's failure on Postgres
@@ -30,6 +30,6 @@ def test_on_postgres_the_read_runs_on_another_connection_and_its_error_reaches_t
 
 def test_with_last_steps_sets_each_trials_step_and_none_where_unknown() -> None:
     trials = [TrialSummary(id=i, number=i, arm={}, params={}, status="completed", objective=0.5) for i in (1, 2)]
-    out = queries.with_last_steps(trials, {1: 40})
+    out = load.with_last_steps(trials, {1: 40})
     assert [t.last_step for t in out] == [40, None]
     assert out[0].feasible and not out[0].infeasible

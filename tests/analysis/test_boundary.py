@@ -7,8 +7,8 @@ import math
 import pytest
 from scipy.stats import qmc
 
-from hpo.server.analysis.boundary import boundary_warnings, check_boundaries
 from hpo.server.analysis.model import TrialSummary
+from hpo.server.analysis.rules.boundary import boundary_warnings, check_boundaries
 from hpo.server.space.ranges import widened
 from hpo.server.space.search_space import Dimension, dimensions, from_unit, unit
 

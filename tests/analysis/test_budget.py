@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import qmc
 
-from hpo.server.analysis.budget import best_of_k, budget_ks, flattened
+from hpo.server.analysis.rules.budget import best_of_k, budget_ks, flattened
 
 
 def test_quantiles_and_mean_match_a_monte_carlo_bootstrap() -> None:

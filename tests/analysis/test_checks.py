@@ -7,11 +7,10 @@ import math
 
 import numpy as np
 
-from hpo.server.analysis.arms import arm_summaries, comparison, comparison_warnings, trial_variance
+from hpo.server.analysis.load import CurveStats, StudyInfo
 from hpo.server.analysis.model import Curve, TrialSummary
-from hpo.server.analysis.queries import CurveStats, StudyInfo
-from hpo.server.analysis.service import StudyData, analysis_of, json_safe
-from hpo.server.analysis.training import (
+from hpo.server.analysis.rules.arms import arm_summaries, comparison, comparison_warnings, trial_variance
+from hpo.server.analysis.rules.training import (
     best_step_summary,
     caveats,
     clipping_warnings,
@@ -19,6 +18,7 @@ from hpo.server.analysis.training import (
     max_train_steps_warnings,
     warmup_warnings,
 )
+from hpo.server.analysis.service import StudyData, analysis_of, json_safe
 from hpo.server.space.search_space import dimensions
 from tests.analysis import planted
 
@@ -218,8 +218,8 @@ def test_answer_is_json_safe() -> None:
 
 
 def test_overfitting_in_max_mode_says_the_metric_falls() -> None:
-    from hpo.server.analysis.curves import curve_warning
-    from hpo.server.analysis.diagnostics import check_curves
+    from hpo.server.analysis.rules.curves import curve_warning
+    from hpo.server.analysis.rules.diagnostics import check_curves
 
     valid, train = planted.overfitting(0)
     accuracy = Curve(valid.steps, 1.0 - valid.values)

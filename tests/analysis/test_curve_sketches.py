@@ -9,8 +9,8 @@ import math
 from sqlalchemy import text
 
 from hpo.server import charts, studies
-from hpo.server.analysis import keeper, queries
-from hpo.server.analysis.divergence import curve_names, train_loss_name
+from hpo.server.analysis import keeper, load
+from hpo.server.analysis.rules.divergence import curve_names, train_loss_name
 from hpo.server.cache import memo
 from hpo.server.db import Database
 from hpo.server.metrics import sketches
@@ -34,7 +34,7 @@ def _study(db: Database, completed: int, running: int = 0) -> tuple[int, list[in
 
 def _width(db: Database, study_id: int, points: int = sketches.POINTS) -> int:
     with db.transaction() as session:
-        return sketches.bucket_width(queries.horizon(session, queries.study_info(session, study_id)), points)
+        return sketches.bucket_width(load.horizon(session, load.study_info(session, study_id)), points)
 
 
 def _curves(db: Database, ids: list[int], name: str, width: int) -> dict[int, sketches.Curve]:
@@ -83,7 +83,7 @@ def test_the_keeper_keeps_every_curve_name_of_completed_trials_only(db: Database
     study_id, ids = _study(db, completed=3, running=1)
     assert keeper.keep_all(db) == 3
     with db.transaction() as session:
-        info = queries.study_info(session, study_id)
+        info = load.study_info(session, study_id)
         names = curve_names(info.metric, train_loss_name(info))
     with db.engine.begin() as conn:
         rows = conn.execute(text("SELECT trial_id, name, width FROM curve_sketches")).all()

@@ -7,7 +7,7 @@ import numpy as np
 from sqlalchemy import text
 
 from hpo.server import studies
-from hpo.server.analysis import queries
+from hpo.server.analysis import load
 from hpo.server.db import Database
 from tests.analysis import planted
 from tests.server.factories import study_spec
@@ -26,12 +26,12 @@ def _study_with_completed_trials(db: Database, count: int) -> int:
     return study.id
 
 
-def _stats(db: Database, study_id: int) -> dict[str, queries.CurveStats]:
+def _stats(db: Database, study_id: int) -> dict[str, load.CurveStats]:
     with db.transaction() as session:
-        return queries.curve_stats(session, study_id, NAMES, planted.HORIZON, "train/loss")
+        return load.curve_stats(session, study_id, NAMES, planted.HORIZON, "train/loss")
 
 
-def _same(a: queries.CurveStats, b: queries.CurveStats) -> bool:
+def _same(a: load.CurveStats, b: load.CurveStats) -> bool:
     order_a, order_b = np.argsort(a.trial_ids), np.argsort(b.trial_ids)
     fields = ("trial_ids", "n", "first", "minimum", "maximum", "end", "late_n", "late_noise", "late_change")
     return all(np.allclose(getattr(a, f)[order_a], getattr(b, f)[order_b], equal_nan=True, rtol=1e-12) for f in fields)
@@ -76,14 +76,14 @@ def test_the_keeper_keeps_what_the_analysis_reads(db: Database) -> None:
     horizon the analysis asks for: the analysis then reads its rows back (a planted value shows it)
     and computes nothing; a study with nothing left to keep is not listed again."""
     from hpo.server.analysis import keeper
-    from hpo.server.analysis.divergence import curve_names, load_trials, train_loss_name
+    from hpo.server.analysis.rules.divergence import curve_names, load_trials, train_loss_name
 
     study_id = _study_with_completed_trials(db, 4)
     assert keeper.studies_to_keep(db) == [study_id]
     assert keeper.keep_all(db) == 4
     assert keeper.studies_to_keep(db) == [] and keeper.keep_all(db) == 0
     with db.transaction() as session:
-        info = queries.study_info(session, study_id)
+        info = load.study_info(session, study_id)
         names = curve_names(info.metric, train_loss_name(info))
     with db.engine.begin() as conn:
         assert conn.execute(text("SELECT count(*) FROM curve_stats")).scalar() == 4 * len(names)

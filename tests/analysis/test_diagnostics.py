@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from hpo.server.analysis.diagnostics import check_curves, noise, smooth
 from hpo.server.analysis.model import Curve
+from hpo.server.analysis.rules.diagnostics import check_curves, noise, smooth
 from tests.analysis import planted
 
 SEEDS = range(40)

@@ -101,8 +101,8 @@ def test_rounds_evidence_uses_the_same_rule(client: httpx.Client) -> None:
 def test_a_tie_at_another_step_is_not_taken_for_an_ignored_seed() -> None:
     """A coarse metric (an error rate over 100 examples) can tie by chance; the same value at the
     same best step in every run cannot, short of an ignored seed."""
-    from hpo.server.analysis.arms import replica_stats
     from hpo.server.analysis.model import TrialSummary
+    from hpo.server.analysis.rules.arms import replica_stats
 
     def run(tid: int, value: float, step: int) -> TrialSummary:
         return TrialSummary(id=tid, number=tid, arm={}, params={}, status="completed", objective=value, best_step=step)

@@ -8,7 +8,7 @@ import numpy as np
 
 from hpo.server import plots
 from hpo.server.analysis.model import TrialSummary
-from hpo.server.analysis.training import best_step_summary
+from hpo.server.analysis.rules.training import best_step_summary
 from hpo.server.space.search_space import dimensions
 
 SPEC = {

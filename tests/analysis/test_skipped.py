@@ -10,10 +10,10 @@ import httpx
 import numpy as np
 import pytest
 
-from hpo.server.analysis.budget import MIN_TRIALS
-from hpo.server.analysis.diagnostics import NEEDS, TRAIN_LOGS_NEEDED, check_curves, curve_needs
 from hpo.server.analysis.model import Curve
-from hpo.server.analysis.training import TOP_MIN
+from hpo.server.analysis.rules.budget import MIN_TRIALS
+from hpo.server.analysis.rules.diagnostics import NEEDS, TRAIN_LOGS_NEEDED, check_curves, curve_needs
+from hpo.server.analysis.rules.training import TOP_MIN
 from tests.analysis import planted
 from tests.analysis.protocol import Outcome, analysis, create, kinds, run_pending
 from tests.analysis.test_planted import spec, unit_lr

@@ -18,8 +18,7 @@ from hpo.policy import ExecutionPolicy
 from hpo.server import studies
 from hpo.server.db import Database
 from hpo.server.models import Trial, TrialStatus
-from hpo.server.trials import leases
-from hpo.server.trials import leases_async
+from hpo.server.trials import leases, leases_async
 from hpo.settings import Settings
 from tests.conftest import LiveServer
 
@@ -162,7 +161,9 @@ def test_a_prepared_claims_generic_plan_reads_the_partial_index_of_pending_trial
         return f"${names.index(match.group(1)) + 1}"
 
     statement = re.sub(r"%\((\w+)\)s", positional, leases_async._CLAIM.sql)
-    values = leases_async._CLAIM.params({"lease_id": "l", "worker_id": "w", "cpus": 8.0, "gpus": 0.0, "lease_seconds": 60.0})
+    values = leases_async._CLAIM.params(
+        {"lease_id": "l", "worker_id": "w", "cpus": 8.0, "gpus": 0.0, "lease_seconds": 60.0}
+    )
     connection = db.engine.raw_connection()
     try:
         cursor = connection.cursor()

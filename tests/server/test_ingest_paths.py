@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select, text, update
 
 from hpo.server import studies
-from hpo.server.analysis import queries
+from hpo.server.analysis import load
 from hpo.server.db import Database
 from hpo.server.errors import LeaseLost, NotFound, QuotaExceeded
 from hpo.server.metrics import ingest
@@ -174,7 +174,7 @@ def test_any_sequence_of_batches_and_cuts_stores_the_last_value_of_each_step(db:
                 assert (chunk.first_step, chunk.last_step) == (chunk.steps[0], chunk.steps[-1])
         study_id = session.get_one(Trial, trial_id).study_id
         # The horizon of a spec without max_train_steps (read from the chunks on Postgres).
-        last_steps = {name: queries.last_step(session, study_id, name) for name in {n for n, _ in expected}}
+        last_steps = {name: load.last_step(session, study_id, name) for name in {n for n, _ in expected}}
     assert stored == expected
     assert count == len(expected)
     assert last_steps == {name: max(s for n, s in expected if n == name) for name in last_steps}

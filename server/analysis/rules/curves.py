@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from hpo.server.analysis.diagnostics import NEEDS, NOISE_CLEARANCE, Finding, check_curves, overfit_threshold
+from hpo.server.analysis.load import CurveStats
 from hpo.server.analysis.model import Curve, TrialSummary, fmt, warning
-from hpo.server.analysis.queries import CurveStats
+from hpo.server.analysis.rules.diagnostics import NEEDS, NOISE_CLEARANCE, Finding, check_curves, overfit_threshold
 from hpo.server.space.search_space import Dimension, is_regularizer, unit
 
 OBJECTIVE_TRAIN = "train/loss"

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from hpo.server.analysis.diagnostics import loss_rises
 from hpo.server.analysis.model import Curve, TrialSummary, arm_label, fmt, warning
+from hpo.server.analysis.rules.diagnostics import loss_rises
 from hpo.server.space.search_space import Dimension, is_learning_rate, unit
 
 # A warning above this share of infeasible trials (the playbook says "a very large fraction").

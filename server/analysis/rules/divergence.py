@@ -9,7 +9,7 @@ module applies the same function to the curves a study stored, so trials run by 
 the CSV, replicas) reads the trials through `load_trials`, so they all mark the same trials
 infeasible and name the same best trial.
 
-Cost: the per-trial curve statistics (queries.curve_stats, one hash aggregate, kept between calls)
+Cost: the per-trial curve statistics (load.curve_stats, one hash aggregate, kept between calls)
 pick the *candidates*: a trial can only be judged diverged when a statistic allows it (a
 non-finite point, a maximum above `factor` times the initial value, a late part (the last quarter
 of max_train_steps) reaching no lower than the margin below the initial loss or chance, fewer late
@@ -28,10 +28,10 @@ from dataclasses import replace
 import numpy as np
 from sqlalchemy.orm import Session
 
-from hpo.server.analysis import queries
+from hpo.server.analysis import load
 from hpo.server.analysis.aliases import aliases_of, metric_name
 from hpo.server.analysis.model import Curve, TrialSummary
-from hpo.server.analysis.outliers import robust_best
+from hpo.server.analysis.rules.outliers import robust_best
 from hpo.server.cache import memo
 from hpo.trainer.divergence import END_POINTS, TRAIN_LOSS, Rule, Series, chance_of, is_loss, judge
 
@@ -54,20 +54,20 @@ def curve_names(metric: str, train_loss: str = TRAIN_LOSS) -> list[str]:
     return sorted({metric, train_loss, prefix + "loss"})
 
 
-def train_loss_name(study: queries.StudyInfo) -> str:
+def train_loss_name(study: load.StudyInfo) -> str:
     """The name the study's trials report their training loss under: `train/loss`, or the
     script's own name that the spec's `analysis.aliases` maps onto it (issue 24)."""
     return metric_name(aliases_of(study.spec), TRAIN_LOSS)
 
 
-def rule_of(study: queries.StudyInfo) -> Rule:
+def rule_of(study: load.StudyInfo) -> Rule:
     """The thresholds the study's trainer settings ask for (the trainer reads the same ones)."""
     return Rule.of(dict(study.spec.get("trainer") or {}))
 
 
 def load_trials(
-    session: Session, study: queries.StudyInfo, horizon: float | None = None
-) -> tuple[list[TrialSummary], dict[str, queries.CurveStats]]:
+    session: Session, study: load.StudyInfo, horizon: float | None = None
+) -> tuple[list[TrialSummary], dict[str, load.CurveStats]]:
     """The study's trial summaries with diverged completed trials marked (`diverged` holds the
     reason), lone outlier evaluations set aside from the best few of each arm (`outlier`, and
     `objective`/`best_step` moved to the best genuine evaluation), each trial's `last_step`, and
@@ -75,7 +75,7 @@ def load_trials(
     looked up when not given). Kept per study version (`memo`): every chart and the analysis start
     from it."""
     if horizon is None:
-        horizon = queries.horizon(session, study)
+        horizon = load.horizon(session, study)
     rule = rule_of(study)
     trials, stats = memo.in_session(
         session,
@@ -88,22 +88,22 @@ def load_trials(
 
 
 def _load_trials(
-    session: Session, study: queries.StudyInfo, horizon: float | None, rule: Rule
-) -> tuple[list[TrialSummary], dict[str, queries.CurveStats]]:
+    session: Session, study: load.StudyInfo, horizon: float | None, rule: Rule
+) -> tuple[list[TrialSummary], dict[str, load.CurveStats]]:
     train = train_loss_name(study)
     names = curve_names(study.metric, train)
     # The summaries are built beside the curve statistics, which mostly wait on Postgres (at
     # 50,000 trials each took 0.6-0.9 s of a fresh server's first chart, one after the other).
-    summaries = queries.beside(session, lambda other: queries.trial_summaries(other, study.id))
-    stats = queries.curve_stats(session, study.id, names, horizon, train)
+    summaries = load.beside(session, lambda other: load.trial_summaries(other, study.id))
+    stats = load.curve_stats(session, study.id, names, horizon, train)
     if train != TRAIN_LOSS:  # a script's training loss is filed under hpo's name, for every reader
         stats = {TRAIN_LOSS if n == train else n: s for n, s in stats.items() if n != TRAIN_LOSS}
-    trials = queries.with_last_steps(summaries.result(), _last_steps(stats))
+    trials = load.with_last_steps(summaries.result(), _last_steps(stats))
     prefix = study.metric.rsplit("/", 1)[0] + "/" if "/" in study.metric else ""
-    chance = chance_of(study.metric, queries.class_count(session, study.id, prefix))
+    chance = chance_of(study.metric, load.class_count(session, study.id, prefix))
     judged = [t for t in trials if _judged(t)]
     ids = candidates(stats, [t.id for t in judged], study.metric, study.mode, chance, rule)
-    curves = queries.curves_of(session, sorted(ids), names) if ids else {}
+    curves = load.curves_of(session, sorted(ids), names) if ids else {}
     reasons = {
         tid: reason
         for tid in ids
@@ -134,7 +134,7 @@ def diverged(
 
 
 def candidates(
-    stats: Mapping[str, queries.CurveStats],
+    stats: Mapping[str, load.CurveStats],
     trial_ids: Iterable[int],
     objective: str,
     mode: str,
@@ -169,7 +169,7 @@ def candidates(
     return out
 
 
-def _last_steps(stats: Mapping[str, queries.CurveStats]) -> dict[int, int]:
+def _last_steps(stats: Mapping[str, load.CurveStats]) -> dict[int, int]:
     """Each trial's last step with a finite value, over the curves the rule reads."""
     out: dict[int, int] = {}
     for s in stats.values():
@@ -195,7 +195,7 @@ def set_outliers_aside(
         if not fresh:
             break
         seen.update(fresh)
-        curves = queries.curves_of(session, fresh, [metric])
+        curves = load.curves_of(session, fresh, [metric])
         for tid in fresh:
             curve = curves.get(tid, {}).get(metric)
             found = robust_best(curve, sign) if curve is not None else None
@@ -258,7 +258,7 @@ def study_best(session: Session, study_id: int) -> TrialSummary | None:
     """The study's best trial as the analysis decides it (DESIGN.md, "One best"): the best
     original trial that is feasible (not judged diverged, its lone outlier evaluations set aside),
     or still running; replicas never. `GET /studies/{id}` and `studies.csv` read this."""
-    study = queries.study_info(session, study_id)
+    study = load.study_info(session, study_id)
     sign = 1.0 if study.mode == "min" else -1.0
     trials, _ = load_trials(session, study)
     usable = [

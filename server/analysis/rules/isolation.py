@@ -16,9 +16,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpo.server.analysis.arms import replica_stats
-from hpo.server.analysis.budget import best_of_k
 from hpo.server.analysis.model import TrialSummary, arm_label
+from hpo.server.analysis.rules.arms import replica_stats
+from hpo.server.analysis.rules.budget import best_of_k
 from hpo.server.space.search_space import Dimension, from_unit, unit
 
 MAX_BUCKETS = 8

@@ -15,8 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hpo.server.analysis.load import CurveStats
 from hpo.server.analysis.model import TrialSummary, arm_label, fmt, warning
-from hpo.server.analysis.queries import CurveStats
 from hpo.server.space.search_space import Dimension
 
 EARLY, LATE = 0.10, 0.75
