@@ -23,10 +23,10 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from hpo.server import plots
-from hpo.server.analysis.plotdata import PLOT_KINDS, plot_data
 from hpo.server.analysis.service import analyze_study
 from hpo.server.cache import memo
+from hpo.server.dashboard import plots
+from hpo.server.dashboard.plotdata import PLOT_KINDS, plot_data
 from hpo.server.db import Database
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "optimizer-comparison.json"

@@ -39,7 +39,7 @@ from analysis_bench import build_study  # noqa: E402
 
 from hpo.server.analysis.keeper import keep_all  # noqa: E402
 from hpo.server.cache.kept import StillStudies  # noqa: E402
-from hpo.server.charts import first_visit_answer  # noqa: E402
+from hpo.server.dashboard.charts.service import first_visit_answer  # noqa: E402
 from hpo.server.db import Database  # noqa: E402
 
 KINDS = ("progress", "history", "axis", "parallel", "contour", "importance", "curves", "grad_norm", "isolation",

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from hpo.server import charts as chart_data
 from hpo.server import signing_key
 from hpo.server import studies as studies_service
 from hpo.server.analysis.keeper import Keeper
@@ -38,6 +37,8 @@ from hpo.server.auth import Authenticator
 from hpo.server.bayesian.queue import Refiller
 from hpo.server.cache.kept import StillStudies
 from hpo.server.config import ServerSettings
+from hpo.server.dashboard.charts import importance
+from hpo.server.dashboard.charts import service as chart_data
 from hpo.server.db import Database
 from hpo.server.errors import StorageError, one_line
 from hpo.server.trials import leases
@@ -77,7 +78,7 @@ def create_app(settings: Settings, *, upgrade: bool = True, server: ServerSettin
         # import: done before the server answers, so a study page's first visit neither waits for
         # it nor shares the interpreter with it (a thread importing meanwhile held the GIL for a
         # fifth of a loaded machine's first visit, docs/decisions.md).
-        await run_in_threadpool(chart_data.preload)
+        await run_in_threadpool(importance.preload)
         # What the imports left is never garbage: out of the collector's sight, a full collection
         # scans only what requests made (one over the ~300,000 startup objects took 150 ms of a
         # 5,000-trial study's timeline chart, its first call 229 ms instead of 75).

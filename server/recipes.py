@@ -238,7 +238,7 @@ def plan_exploit(db: Database, ctx: Context, options: dict[str, Any]) -> Plan:
     """A bayesian study over the refined space (`refine_space`), warm-started from the exploration
     study when the refined space lies inside its space."""
     from hpo.server.analysis.service import analyze_study
-    from hpo.server.charts import chart
+    from hpo.server.dashboard.charts.service import chart
 
     assert ctx.source is not None
     analysis = analyze_study(db, ctx.source.id)

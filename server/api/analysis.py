@@ -6,11 +6,11 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from hpo.server import plots
-from hpo.server.analysis.plotdata import plot_data
 from hpo.server.analysis.service import kept_analysis
 from hpo.server.analysis.tracking import tracking_csv, tracking_rows
 from hpo.server.api.deps import DatabaseDep, StudyId
+from hpo.server.dashboard import plots
+from hpo.server.dashboard.plotdata import plot_data
 from hpo.server.schemas import StudyReplicasRequest
 from hpo.server.trials.replicas import replicate_best
 

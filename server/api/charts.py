@@ -8,11 +8,12 @@ from typing import Any, Literal
 from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from hpo.server import auth, charts, notes
+from hpo.server import auth, notes
 from hpo.server.api.deps import DatabaseDep, StudyId, TrialId
 from hpo.server.cache import memo
-from hpo.server.charts import ChartKind
-from hpo.server.trial_table import SORT_KEYS, TableQuery, parse_param_filters, trial_table
+from hpo.server.dashboard.charts import curves, service
+from hpo.server.dashboard.charts.service import ChartKind
+from hpo.server.dashboard.table import SORT_KEYS, TableQuery, parse_param_filters, trial_table
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 
@@ -52,9 +53,9 @@ def get_chart(
     kind: ChartKind,
     metric: str | None = Query(None, max_length=200, description="curves: the metric (default the objective)"),
     limit: int = Query(
-        charts.CURVES_SHOWN, ge=1, le=charts.MAX_CURVES, description="curves: at most this many trials, best first"
+        curves.CURVES_SHOWN, ge=1, le=curves.MAX_CURVES, description="curves: at most this many trials, best first"
     ),
-    points: int = Query(charts.CURVE_POINTS, ge=2, le=2000, description="curves: points per curve after downsampling"),
+    points: int = Query(curves.CURVE_POINTS, ge=2, le=2000, description="curves: points per curve after downsampling"),
     arm: str | None = Query(
         None, max_length=500, description="curves, importance, contour: only this arm (its label, `optimizer=adam`)"
     ),
@@ -67,7 +68,7 @@ def get_chart(
 ) -> Response:
     """The data of one dashboard chart; hover texts name each point's trial and `ids` its trial id."""
     options = {"metric": metric, "limit": limit, "points": points, "arm": arm, "x": x, "y": y}
-    body = charts.chart_json(db, study_id, kind, options)
+    body = service.chart_json(db, study_id, kind, options)
     return Response(body, media_type="application/json", headers={"Cache-Control": "no-cache"})
 
 
@@ -100,7 +101,7 @@ def get_table(
 @router.get("/trials/{trial_id}/curves")
 def get_trial_curves(db: DatabaseDep, trial_id: TrialId, points: int = Query(400, ge=2, le=5000)) -> dict[str, Any]:
     """Every metric of one trial, downsampled, with robust y ranges (log-y for losses)."""
-    return charts.trial_curves(db, trial_id, points)
+    return curves.trial_curves(db, trial_id, points)
 
 
 @router.get("/studies/{study_id}/note", response_model=NoteOut)

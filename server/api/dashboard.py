@@ -2,7 +2,7 @@
 warnings, the arm comparison, interactive charts, the trial table), a trial page, and a compare
 page. Pages hold what the server knows at once (spec, counts, warnings); the charts are drawn in
 the browser by Plotly (served from the `plotly` package, no CDN) from the JSON endpoints of
-`api/charts.py`, and refreshed by polling the cheap progress endpoint while trials run."""
+`api/service.py`, and refreshed by polling the cheap progress endpoint while trials run."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from starlette.background import BackgroundTask
 
 import hpo.server
 from hpo.command_template import expand
-from hpo.server import charts, evidence, notes, pipelines, studies, trial_table
+from hpo.server import evidence, notes, pipelines, studies
 from hpo.server.analysis import load
 from hpo.server.analysis.model import arm_label, fmt
 from hpo.server.analysis.service import kept_analysis, resume_advice
@@ -30,7 +30,9 @@ from hpo.server.analysis.tracking import tracking_rows
 from hpo.server.api.deps import DatabaseDep, SettingsDep, StudyId, TrialId
 from hpo.server.api.pipelines import PipelineId, RoundId
 from hpo.server.cache import kept, memo
-from hpo.server.charts import best_per_arm
+from hpo.server.dashboard import table
+from hpo.server.dashboard.charts import service
+from hpo.server.dashboard.charts.report import best_per_arm
 from hpo.server.errors import InvalidInput, NotFound
 from hpo.server.schemas import TrialCounts
 from hpo.server.trials import reads as trials
@@ -87,14 +89,14 @@ def study_page(db: DatabaseDep, request: Request, study_id: StudyId) -> HTMLResp
         report_plots=REPORT_PLOTS,
         note=notes.get_note(db, study_id=study_id),
         arm_labels=labels,
-        table_columns=[c.public() for c in trial_table.columns(study.spec)],
+        table_columns=[c.public() for c in table.columns(study.spec)],
         can_write=can_write(request),
         round_id=study.spec.get("round_id"),
         pipeline_id=study.spec.get("pipeline_id"),
         first_screen=kept.FIRST_SCREEN,
     )
     # After the answer: the charts the page is about to ask for start from these summaries.
-    page.background = BackgroundTask(charts.warm, db, study_id)
+    page.background = BackgroundTask(service.warm, db, study_id)
     return page
 
 

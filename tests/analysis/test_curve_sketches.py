@@ -8,10 +8,11 @@ import math
 
 from sqlalchemy import text
 
-from hpo.server import charts, studies
+from hpo.server import studies
 from hpo.server.analysis import keeper, load
 from hpo.server.analysis.rules.divergence import curve_names, train_loss_name
 from hpo.server.cache import memo
+from hpo.server.dashboard.charts import service
 from hpo.server.db import Database
 from hpo.server.metrics import sketches
 from hpo.server.schemas import MetricPointIn
@@ -127,13 +128,13 @@ def test_kept_sketches_answer_what_the_points_answer_and_are_read_back(db: Datab
 
 def test_the_curves_chart_is_the_same_from_kept_sketches(db: Database) -> None:
     study_id, ids = _study(db, completed=4, running=1)
-    from_points = charts.chart(db, study_id, "curves")
+    from_points = service.chart(db, study_id, "curves")
     assert len(from_points["curves"]) == 5
     keeper.keep_all(db)
     memo.clear()
     with db.engine.begin() as conn:  # every completed trial's curve is kept
         assert conn.execute(text("SELECT count(DISTINCT trial_id) FROM curve_sketches")).scalar() == 4
-    from_kept = charts.chart(db, study_id, "curves")
+    from_kept = service.chart(db, study_id, "curves")
     assert from_kept["width"] == from_points["width"]
     by_id = {c["id"]: c for c in from_points["curves"]}
     assert [c["id"] for c in from_kept["curves"]] == [c["id"] for c in from_points["curves"]]

@@ -15,7 +15,7 @@ import pytest
 
 from hpo.policy import ExecutionPolicy
 from hpo.server.analysis.aliases import missing_metric
-from hpo.server.analysis.plotdata import plot_data
+from hpo.server.dashboard.plotdata import plot_data
 from hpo.server.db import Database
 from hpo.settings import Settings
 from hpo.trainer.divergence import Series, judge

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from hpo.server.analysis.plotdata import plot_data
+from hpo.server.dashboard.plotdata import plot_data
 from hpo.server.db import Database
 from tests.analysis import planted
 from tests.analysis.protocol import API, Outcome, analysis, create, kinds, run_pending

@@ -6,9 +6,9 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
-from hpo.server import plots
 from hpo.server.analysis.model import TrialSummary
 from hpo.server.analysis.rules.training import best_step_summary
+from hpo.server.dashboard import plots
 from hpo.server.space.search_space import dimensions
 
 SPEC = {

@@ -104,7 +104,7 @@ def test_timeline_of_a_study_that_never_started_is_empty(client: httpx.Client) -
 
 
 def test_a_workers_busy_time_counts_overlapping_trials_once() -> None:
-    from hpo.server.charts import _union_seconds
+    from hpo.server.dashboard.charts.timeline import _union_seconds
 
     assert _union_seconds([(0.0, 10.0), (5.0, 12.0), (20.0, 25.0)]) == 17.0
     assert _union_seconds([(3.0, 4.0), (0.0, 10.0)]) == 10.0 and _union_seconds([]) == 0.0
@@ -112,7 +112,7 @@ def test_a_workers_busy_time_counts_overlapping_trials_once() -> None:
 
 def test_thinning_keeps_the_best_and_an_even_sample() -> None:
     from hpo.server.analysis.model import TrialSummary
-    from hpo.server.charts import THIN_BEST, thin
+    from hpo.server.dashboard.charts.progress import THIN_BEST, thin
 
     trials = [
         TrialSummary(id=i + 1, number=i, arm={}, params={}, status="completed", objective=float((i * 7919) % 10007))

@@ -387,10 +387,10 @@ def test_a_thinned_contour_says_how_many_of_its_trials_it_draws(
 ) -> None:
     """Past CONTOUR_POINTS trials the contour draws the best and an even sample of them over the
     surface of them all, and its caption says so (the server runs in this process)."""
-    from hpo.server import charts
     from hpo.server.cache import memo
+    from hpo.server.dashboard.charts import contour
 
-    monkeypatch.setattr(charts, "CONTOUR_POINTS", 5)
+    monkeypatch.setattr(contour, "CONTOUR_POINTS", 5)
     try:
         # The answers are kept per study version, and the previous test's page may still have had
         # the contour computed unthinned: forget them until the kept answer is the thinned one.

@@ -15,8 +15,10 @@ import pytest
 
 from hpo.policy import ExecutionPolicy
 from hpo.server.analysis.model import Curve
-from hpo.server.charts import CHART_KINDS, eta_seconds, robust_range
-from hpo.server.trial_table import parse_param_filters
+from hpo.server.dashboard.charts.common import robust_range
+from hpo.server.dashboard.charts.progress import eta_seconds
+from hpo.server.dashboard.charts.service import CHART_KINDS
+from hpo.server.dashboard.table import parse_param_filters
 from hpo.settings import Settings
 from tests.analysis.protocol import Outcome, analysis, create, run_pending
 from tests.analysis.test_planted import spec, valley
@@ -126,13 +128,13 @@ def test_trial_table_sorts_filters_and_pages(client: httpx.Client, study: dict) 
 def test_the_contour_thins_its_markers_but_interpolates_over_every_trial(
     client: httpx.Client, study: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hpo.server import charts
     from hpo.server.cache import memo
+    from hpo.server.dashboard.charts import contour
 
     sid = study["id"]
     whole = chart(client, sid, "contour", x="learning_rate", y="weight_decay")
     assert whole["shown"] == whole["n_points"] == len(whole["points"]["ids"]) == 15
-    monkeypatch.setattr(charts, "CONTOUR_POINTS", 6)  # the server runs in this process (a thread)
+    monkeypatch.setattr(contour, "CONTOUR_POINTS", 6)  # the server runs in this process (a thread)
     memo.clear()  # the answer above is kept while the study is unchanged
     thinned = chart(client, sid, "contour", x="learning_rate", y="weight_decay")
     ids = thinned["points"]["ids"]

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from sqlalchemy import delete, select, update
 
-from hpo.server import charts
 from hpo.server.cache import memo
 from hpo.server.cache.kept import ANALYSIS, FIRST_SCREEN, KEPT, StillStudies, code_digest
+from hpo.server.dashboard.charts import service
 from hpo.server.db import Database
 from hpo.server.models import KeptChart
 from tests.analysis.protocol import create, run_pending
@@ -103,7 +103,7 @@ def test_the_keepers_chore_keeps_each_still_study_once_per_version(
     client: httpx.Client, database: Database, study: dict[str, Any]
 ) -> None:
     sid = study["id"]
-    chore = StillStudies(database, charts.first_visit_answer, keep_from=1)
+    chore = StillStudies(database, service.first_visit_answer, keep_from=1)
     with database.transaction() as session:
         session.execute(delete(KeptChart).where(KeptChart.study_id == sid))
     assert chore() == 1
@@ -113,12 +113,12 @@ def test_the_keepers_chore_keeps_each_still_study_once_per_version(
     with database.transaction() as session:
         session.execute(delete(KeptChart).where(KeptChart.study_id == sid, KeptChart.kind == ANALYSIS))
     memo.clear()
-    assert StillStudies(database, charts.first_visit_answer, keep_from=1)() == 1
+    assert StillStudies(database, service.first_visit_answer, keep_from=1)() == 1
     assert set(rows(database, sid)) == set(KEPT)
     # Too small for the server's own keeper (KEEP_FROM_TRIALS): it leaves such a study alone.
     with database.transaction() as session:
         session.execute(delete(KeptChart).where(KeptChart.study_id == sid))
-    assert StillStudies(database, charts.first_visit_answer)() == 0 and rows(database, sid) == {}
+    assert StillStudies(database, service.first_visit_answer)() == 0 and rows(database, sid) == {}
     # A running trial: not still, nothing kept.
     assert client.patch(f"/api/v1/studies/{sid}", json={"num_trials": 7}).status_code == 200
     claim = client.post("/api/v1/workers/claim", json={"worker_id": "w", "resources": {"cpus": 64, "gpus": 8}})

@@ -137,7 +137,7 @@ def test_each_attempt_is_a_bar_on_its_workers_row_with_how_it_ended(client: http
 
 
 def test_stragglers_are_attempts_far_over_the_median_completed_attempt() -> None:
-    from hpo.server.charts import OUTCOMES, _stragglers
+    from hpo.server.dashboard.charts.timeline import OUTCOMES, _stragglers
 
     done, running, preempted = (OUTCOMES.index(k) for k in ("completed", "running", "preempted"))
     bars = {

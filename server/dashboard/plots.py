@@ -274,7 +274,7 @@ def _line(ax: Axes, curve: Any, color: str, label: str | None, dashed: bool = Fa
 def _robust_log_y(ax: Axes) -> None:
     """Losses on a log axis whose limits hold the bulk of the curves (Tukey's fences in log space),
     so one divergent trial cannot flatten the rest."""
-    from hpo.server.charts import robust_range
+    from hpo.server.dashboard.charts.common import robust_range
 
     values = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()] or [np.array([])])
     finite = values[np.isfinite(values)]

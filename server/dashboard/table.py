@@ -22,7 +22,7 @@ from sqlalchemy import func, select, text
 from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary, arm_label
 from hpo.server.analysis.service import json_safe
-from hpo.server.charts import trial_summaries
+from hpo.server.dashboard.charts.common import trial_summaries
 from hpo.server.db import Database
 from hpo.server.errors import FieldError, InvalidInput
 from hpo.server.models import MetricPoint, Trial, resumed
