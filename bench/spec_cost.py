@@ -37,9 +37,9 @@ def spec(floats: int, trials: int) -> dict[str, Any]:
 
 def one(floats: int, trials: int, database_url: str) -> dict[str, Any]:
     from hpo.policy import ExecutionPolicy
-    from hpo.server import studies
     from hpo.server.db import Database
     from hpo.server.errors import InvalidInput
+    from hpo.server.studies import service as studies
 
     db = Database(database_url)
     db.upgrade()

@@ -13,7 +13,6 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from hpo.server import signing_key
-from hpo.server import studies as studies_service
 from hpo.server.analysis.keeper import Keeper
 from hpo.server.api import (
     analysis,
@@ -41,6 +40,7 @@ from hpo.server.dashboard.charts import importance
 from hpo.server.dashboard.charts import service as chart_data
 from hpo.server.db import Database
 from hpo.server.errors import StorageError, one_line
+from hpo.server.studies import service as studies_service
 from hpo.server.trials import leases
 from hpo.server.trials.leases_async import AsyncDatabase
 from hpo.settings import Settings

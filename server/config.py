@@ -29,7 +29,7 @@ class ServerSettings:
     # more of that token's answer 503 at once, other tokens' requests are served.
     max_uploads_per_token: int = 64
     # Hyperparameter values a study's layout may hold (trials x hyperparameters); a spec past it
-    # is refused with 422 (`hpo.server.studies.cost_errors`).
+    # is refused with 422 (`hpo.server.studies.service.cost_errors`).
     max_spec_cells: int = 2_000_000
     # Metric points one trial may hold; a batch that would pass it is refused whole (413).
     max_points_per_trial: int = 5_000_000

@@ -313,7 +313,7 @@ class Note(Base):
     body: Mapped[str] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     # Who saved it last: the API token's name (a dashboard session's: the token it signed in with);
-    # NULL when the server needs no token, or for notes from before 0011 (hpo.server.notes).
+    # NULL when the server needs no token, or for notes from before 0011 (hpo.server.studies.notes).
     author: Mapped[str | None] = mapped_column(String(200))
 
 

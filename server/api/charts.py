@@ -8,12 +8,13 @@ from typing import Any, Literal
 from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from hpo.server import auth, notes
+from hpo.server import auth
 from hpo.server.api.deps import DatabaseDep, StudyId, TrialId
 from hpo.server.cache import memo
 from hpo.server.dashboard.charts import curves, service
 from hpo.server.dashboard.charts.service import ChartKind
 from hpo.server.dashboard.table import SORT_KEYS, TableQuery, parse_param_filters, trial_table
+from hpo.server.studies import notes
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 

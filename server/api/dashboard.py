@@ -22,7 +22,6 @@ from starlette.background import BackgroundTask
 
 import hpo.server
 from hpo.command_template import expand
-from hpo.server import evidence, notes, pipelines, studies
 from hpo.server.analysis import load
 from hpo.server.analysis.model import arm_label, fmt
 from hpo.server.analysis.service import kept_analysis, resume_advice
@@ -34,7 +33,10 @@ from hpo.server.dashboard import table
 from hpo.server.dashboard.charts import service
 from hpo.server.dashboard.charts.report import best_per_arm
 from hpo.server.errors import InvalidInput, NotFound
+from hpo.server.rounds import evidence, pipelines
 from hpo.server.schemas import TrialCounts
+from hpo.server.studies import notes
+from hpo.server.studies import service as studies
 from hpo.server.trials import reads as trials
 from hpo.server.trials import worker_health
 

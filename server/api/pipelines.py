@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response, status
 
-from hpo.server import evidence, pipelines, recipes
 from hpo.server.api.deps import DatabaseDep, SettingsDep
-from hpo.server.round_schemas import PipelineCreate, RecipeRequest, RoundCreate, RoundDecision, RoundReplicas
+from hpo.server.rounds import evidence, pipelines, recipes
+from hpo.server.rounds.schemas import PipelineCreate, RecipeRequest, RoundCreate, RoundDecision, RoundReplicas
 
 router = APIRouter(prefix="/api/v1", tags=["pipelines"])
 

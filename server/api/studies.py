@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Query, status
 
-from hpo.server import studies
 from hpo.server.api.deps import DatabaseDep, SettingsDep, StudyId
 from hpo.server.schemas import ManualTrialsIn, Page, StudyCreated, StudyPatch, StudyPublic, StudyRetryRequest
+from hpo.server.studies import service as studies
 from hpo.server.trials import reads as trials
 
 router = APIRouter(prefix="/api/v1/studies", tags=["studies"])

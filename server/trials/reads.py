@@ -7,7 +7,6 @@ from typing import Any, Literal
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from hpo.server import studies
 from hpo.server.analysis.rules.unread import trial_warnings
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, NotFound
@@ -15,6 +14,7 @@ from hpo.server.layout import quasi_random as layout
 from hpo.server.models import Checkpoint, MetricPoint, Study, StudyStatus, Trial, TrialStatus, resumed
 from hpo.server.numbers import from_storage, to_json
 from hpo.server.schemas import CheckpointPublic, MetricPointPublic, Page, TrialPublic
+from hpo.server.studies import service as studies
 
 TrialOrder = Literal["number", "objective", "-number"]
 

@@ -8,7 +8,6 @@ import math
 
 from sqlalchemy import text
 
-from hpo.server import studies
 from hpo.server.analysis import keeper, load
 from hpo.server.analysis.rules.divergence import curve_names, train_loss_name
 from hpo.server.cache import memo
@@ -16,6 +15,7 @@ from hpo.server.dashboard.charts import service
 from hpo.server.db import Database
 from hpo.server.metrics import sketches
 from hpo.server.schemas import MetricPointIn
+from hpo.server.studies import service as studies
 from tests.analysis import planted
 from tests.server.factories import study_spec
 

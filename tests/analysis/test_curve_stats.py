@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import text
 
-from hpo.server import studies
 from hpo.server.analysis import load
 from hpo.server.db import Database
+from hpo.server.studies import service as studies
 from tests.analysis import planted
 from tests.server.factories import study_spec
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-from hpo.server import studies
 from hpo.server.cache import memo
 from hpo.server.db import Database
+from hpo.server.studies import service as studies
 from hpo.server.trials import leases
 from tests.server.factories import study_spec
 

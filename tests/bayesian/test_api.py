@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hpo.server import studies
 from hpo.server.bayesian import queue
 from hpo.server.db import Database
 from hpo.server.errors import InvalidInput
 from hpo.server.models import BayesianState
+from hpo.server.studies import service as studies
 from hpo.settings import Settings
 from tests.bayesian.helpers import bayesian_spec, run_one
 from tests.conftest import LiveServer

@@ -33,7 +33,7 @@ def test_catalogue_matches_the_trainer_registry() -> None:
 
 
 def test_the_server_side_does_not_import_torch() -> None:
-    code = "import sys, hpo.server.spec.workloads, hpo.server.studies; print('torch' in sys.modules)"
+    code = "import sys, hpo.server.spec.workloads, hpo.server.studies.service; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

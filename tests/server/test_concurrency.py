@@ -11,9 +11,9 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from hpo.server import studies
 from hpo.server.db import Database
 from hpo.server.models import Trial
+from hpo.server.studies import service as studies
 from hpo.server.trials import leases
 from hpo.settings import Settings
 from tests.conftest import LiveServer

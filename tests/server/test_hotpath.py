@@ -15,9 +15,9 @@ from psycopg import sql as psycopg_sql
 from sqlalchemy import select
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import studies
 from hpo.server.db import Database
 from hpo.server.models import Trial, TrialStatus
+from hpo.server.studies import service as studies
 from hpo.server.trials import leases, leases_async
 from hpo.settings import Settings
 from tests.conftest import LiveServer

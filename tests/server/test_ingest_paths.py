@@ -12,13 +12,13 @@ import threading
 import pytest
 from sqlalchemy import select, text, update
 
-from hpo.server import studies
 from hpo.server.analysis import load
 from hpo.server.db import Database
 from hpo.server.errors import LeaseLost, NotFound, QuotaExceeded
 from hpo.server.metrics import ingest
 from hpo.server.models import MetricPoint, Study, StudyStatus, Trial
 from hpo.server.schemas import MetricPointIn
+from hpo.server.studies import service as studies
 from hpo.server.trials import leases
 
 SPEC = {

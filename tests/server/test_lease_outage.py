@@ -12,9 +12,9 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from hpo.server import studies
 from hpo.server.db import Database
 from hpo.server.models import Trial
+from hpo.server.studies import service as studies
 from hpo.server.trials import leases
 from tests.server import test_outage
 from tests.server.test_outage import Relay, _server, _wait_for

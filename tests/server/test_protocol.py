@@ -229,7 +229,7 @@ def test_consecutive_errors_pause_the_study(client: httpx.Client) -> None:
 def test_expired_lease_is_reaped_requeued_and_fenced(database_url: str) -> None:
     db = Database(database_url)
     db.upgrade()
-    from hpo.server import studies
+    from hpo.server.studies import service as studies
 
     studies.create_study(db, small_spec(num_trials=1, max_attempts=2))
     first = leases.claim(db, "w1", 8, 0, lease_seconds=0.2)

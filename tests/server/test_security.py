@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import auth, studies
+from hpo.server import auth
 from hpo.server.config import ServerSettings
 from hpo.server.db import Database
+from hpo.server.studies import service as studies
 from hpo.settings import Settings
 from tests.conftest import LiveServer
 from tests.server.factories import study_spec

@@ -10,11 +10,11 @@ import pytest
 
 from hpo.cli import main
 from hpo.policy import ExecutionPolicy
-from hpo.server import studies
 from hpo.server.config import ServerSettings
 from hpo.server.layout import quasi_random as layout
 from hpo.server.spec.model import parse_spec
-from hpo.server.studies import LIST_SPEC_BYTES, MAX_SPEC_VALUES
+from hpo.server.studies import service as studies
+from hpo.server.studies.service import LIST_SPEC_BYTES, MAX_SPEC_VALUES
 from hpo.settings import Settings
 from tests.conftest import LiveServer
 from tests.server.factories import study_spec

@@ -27,16 +27,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import studies
 from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary, fmt
 from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, FieldError, InvalidInput, NotFound
 from hpo.server.models import Pipeline, Round, RoundRecipe, Study
-from hpo.server.pipelines import expand_spec, pipeline_or_404, round_or_404, round_studies
+from hpo.server.rounds.pipelines import expand_spec, pipeline_or_404, round_or_404, round_studies
 from hpo.server.space import ranges
 from hpo.server.spec.model import CROSSED_TYPES, Hyperparameter, parse_spec
+from hpo.server.studies import service as studies
 
 KINDS = ("exploit", "steps", "instability", "warmup", "longer")
 REGULARIZERS = {"weight_decay": 0.0, "dropout": 0.0, "label_smoothing": 0.0}

@@ -21,7 +21,6 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import studies
 from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary, fmt
 from hpo.server.analysis.rules.arms import CONFIDENCE, comparison, replica_stats, seed_ignored_message
@@ -29,7 +28,8 @@ from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, InvalidInput
 from hpo.server.models import Launch, Pipeline, Round, Study
-from hpo.server.pipelines import launch_public, pipeline_or_404, round_or_404, round_studies, round_summary
+from hpo.server.rounds.pipelines import launch_public, pipeline_or_404, round_or_404, round_studies, round_summary
+from hpo.server.studies import service as studies
 from hpo.server.trials import reads as trials
 
 VERDICTS = ("better", "within_noise", "worse", "unstable", "unknown")
@@ -37,7 +37,7 @@ VERDICTS = ("better", "within_noise", "worse", "unstable", "unknown")
 
 def get_round(db: Database, round_id: int) -> dict[str, Any]:
     """The round with its studies, its candidate, the evidence and its recipes' readouts."""
-    from hpo.server.recipes import recipe_views  # recipes build on this module
+    from hpo.server.rounds.recipes import recipe_views  # recipes build on this module
 
     with db.transaction() as session:
         row = round_or_404(session, round_id)

@@ -62,7 +62,7 @@ def create_in_round(
     """Creates a round's study inside the caller's transaction (study creation, recipes, a round's
     baseline reruns, which pass `role="baseline"`): the spec expanded from the pipeline, then
     checked and laid out as any other."""
-    from hpo.server.pipelines import expand_spec  # pipelines imports this module's neighbours
+    from hpo.server.rounds.pipelines import expand_spec  # pipelines imports this module's neighbours
 
     _ensure_raw_name_free(session, raw_spec)
     raw, round_row = expand_spec(session, raw_spec)
