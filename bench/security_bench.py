@@ -82,9 +82,9 @@ def micro() -> None:
     import json
     import timeit
 
-    from hpo.server import auth
     from hpo.server.api.auth import Auth
     from hpo.server.api.hostile import bad_escape
+    from hpo.server.auth import tokens as auth
     from hpo.server.db import Database
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40)
     args = parser.parse_args()
     micro()
-    from hpo.server import auth
+    from hpo.server.auth import tokens as auth
     from hpo.server.db import Database
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from hpo.server import signing_key
 from hpo.server.analysis.keeper import Keeper
 from hpo.server.api import (
     analysis,
@@ -32,7 +31,8 @@ from hpo.server.api.hostile import HostileInput
 from hpo.server.api.hotpath import HotPath
 from hpo.server.api.html_errors import HtmlErrors
 from hpo.server.api.middleware import BodyLimit, PagePolicy
-from hpo.server.auth import Authenticator
+from hpo.server.auth import signing_key
+from hpo.server.auth.tokens import Authenticator
 from hpo.server.bayesian.queue import Refiller
 from hpo.server.cache.kept import StillStudies
 from hpo.server.config import ServerSettings

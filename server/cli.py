@@ -200,7 +200,7 @@ def _signing_key_once(settings: Any, server: Any) -> None:
     """Creates the key file before the processes start (they all read it then), or says in one
     line why it cannot be."""
     from hpo.cli import CliError
-    from hpo.server import signing_key
+    from hpo.server.auth import signing_key
 
     try:
         signing_key.load(settings.session_secret, server.secret_file)
@@ -216,7 +216,7 @@ def _upgrade_once(settings: Any, processes: int) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from hpo.cli import CliError
-    from hpo.server.auth import token_count
+    from hpo.server.auth.tokens import token_count
     from hpo.server.db import Database
 
     try:

@@ -278,7 +278,7 @@ class Checkpoint(Base):
 
 
 class ApiToken(Base):
-    """An API token (hpo.server.auth): only its SHA-256 is stored; the token is shown once."""
+    """An API token (hpo.server.auth.tokens): only its SHA-256 is stored; the token is shown once."""
 
     __tablename__ = "api_tokens"
 
@@ -291,7 +291,7 @@ class ApiToken(Base):
 
 
 class DashboardSession(Base):
-    """A dashboard session (hpo.server.auth): the cookie holds a random id, only its SHA-256 is
+    """A dashboard session (hpo.server.auth.tokens): the cookie holds a random id, only its SHA-256 is
     stored, so neither a copy of this table nor of the signing key lets anyone take a session over.
     Sign-out deletes the row; every server process sees that at once."""
 

@@ -60,7 +60,7 @@ def _create(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpo.cli import CliError
-    from hpo.server.auth import create_token
+    from hpo.server.auth.tokens import create_token
     from hpo.server.errors import HpoError
 
     output = Path(args.output) if args.output else None
@@ -95,7 +95,7 @@ def _write_private(path: Any, text: str) -> None:
 
 
 def _list(_args: argparse.Namespace) -> int:
-    from hpo.server.auth import list_tokens
+    from hpo.server.auth.tokens import list_tokens
 
     db = _database()
     try:
@@ -111,7 +111,7 @@ def _list(_args: argparse.Namespace) -> int:
 
 def _revoke(args: argparse.Namespace) -> int:
     from hpo.cli import CliError
-    from hpo.server.auth import revoke_token
+    from hpo.server.auth.tokens import revoke_token
     from hpo.server.errors import HpoError
 
     db = _database()

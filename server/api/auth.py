@@ -1,5 +1,5 @@
 """The credentials check: an ASGI middleware that maps each request to the permission it needs and
-asks `hpo.server.auth` whether the caller holds it (docs/security.md has the table).
+asks `hpo.server.auth.tokens` whether the caller holds it (docs/security.md has the table).
 
 Until a token exists (and `HPO_API_TOKEN` is unset) every call is open, as on a laptop. From then on
 every call but the health checks and the sign-in page needs a bearer token or a dashboard session:
@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hpo.server.api.errors import error_response
 from hpo.server.api.uploads import Uploads
-from hpo.server.auth import Authenticator, Principal
+from hpo.server.auth.tokens import Authenticator, Principal
 from hpo.server.errors import StorageError
 from hpo.server.lograte import Tally
 

@@ -8,8 +8,8 @@ from typing import Any, Literal
 from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from hpo.server import auth
 from hpo.server.api.deps import DatabaseDep, StudyId, TrialId
+from hpo.server.auth import tokens as auth
 from hpo.server.cache import memo
 from hpo.server.dashboard.charts import curves, service
 from hpo.server.dashboard.charts.service import ChartKind
@@ -126,5 +126,5 @@ def put_trial_note(db: DatabaseDep, request: Request, trial_id: TrialId, note: N
 
 
 def _author(db: DatabaseDep, request: Request) -> str | None:
-    """Who signs a note: the caller's token name (hpo.server.auth sets the principal)."""
+    """Who signs a note: the caller's token name (hpo.server.auth.tokens sets the principal)."""
     return auth.author_name(db, getattr(request.state, "principal", None))

@@ -16,7 +16,7 @@ from starlette.requests import cookie_parser
 
 from hpo.server.api.auth import CSRF_COOKIE, SESSION_COOKIE
 from hpo.server.api.dashboard import _ENV
-from hpo.server.auth import SESSION_SECONDS, Authenticator, Principal, hash_token
+from hpo.server.auth.tokens import SESSION_SECONDS, Authenticator, Principal, hash_token
 
 router = APIRouter(include_in_schema=False)
 _MAX_FORM = 8192

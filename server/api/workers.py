@@ -56,7 +56,7 @@ def claim(request: Request, db: DatabaseDep, settings: SettingsDep, body: ClaimR
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     auth = request.app.state.auth
     if auth.enabled():
-        # What the trial process carries instead of the worker's token (hpo.server.auth).
+        # What the trial process carries instead of the worker's token (hpo.server.auth.tokens).
         answer = answer.model_copy(update={"trial_token": auth.trial_token(answer.trial_id, answer.lease_id)})
     # Already a validated Claim: serialized directly, without FastAPI validating it a second time.
     return Response(answer.model_dump_json(), media_type="application/json")

@@ -90,7 +90,7 @@ def set_note(
     study_id: int | None = None,
     trial_id: int | None = None,
 ) -> dict[str, Any]:
-    """Replaces the note, signed by `author` (hpo.server.auth.author_name: the writer's token
+    """Replaces the note, signed by `author` (hpo.server.auth.tokens.author_name: the writer's token
     name, None without authentication); an empty body keeps an empty note (the history is the
     writer's)."""
     if len(body) > MAX_NOTE_CHARS:

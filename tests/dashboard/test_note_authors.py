@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.db import Database
 from hpo.settings import Settings
 from tests.analysis.protocol import API, create, run_pending

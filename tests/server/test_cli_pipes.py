@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.db import Database
 from hpo.settings import Settings
 from tests.analysis.protocol import run_one

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.db import Database
 from tests.conftest import free_port
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hpo.cli import main
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.db import Database
 from hpo.settings import Settings
 from tests.analysis import planted

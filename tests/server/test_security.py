@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.config import ServerSettings
 from hpo.server.db import Database
 from hpo.server.studies import service as studies

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from hpo.cli import main
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.cli import connections_warning, is_loopback
 from hpo.server.db import Database
 from tests.conftest import free_port

@@ -17,7 +17,8 @@ from alembic import command
 from sqlalchemy import inspect, text
 
 from hpo.cli import main
-from hpo.server import auth, signing_key
+from hpo.server.auth import signing_key
+from hpo.server.auth import tokens as auth
 from hpo.server.config import ServerSettings
 from hpo.server.db import Database, alembic_config
 from hpo.settings import Settings

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.db import Database
 from tests.conftest import free_port
 from tests.server.factories import study_spec

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.config import ServerSettings
 from hpo.server.db import Database
 from hpo.settings import Settings, SettingsError

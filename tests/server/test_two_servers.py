@@ -21,7 +21,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.db import Database
 from hpo.worker.client import LeaseLost, ServerClient
 from tests.conftest import free_port

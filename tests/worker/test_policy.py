@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from hpo.policy import ExecutionPolicy
-from hpo.server import auth
+from hpo.server.auth import tokens as auth
 from hpo.server.db import Database
 from hpo.settings import Settings
 from hpo.worker import cli as worker_cli

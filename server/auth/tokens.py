@@ -22,7 +22,7 @@ inside a trial can do nothing it could not do by writing its own metrics file.
 A dashboard session is a row keyed by the SHA-256 of a random id that the cookie carries: sign-out
 deletes it, revoking the token ends it, and every server process sharing the database sees either
 at once. The signing key (trial tokens, CSRF tokens) lives outside the database
-(`hpo.server.signing_key`)."""
+(`hpo.server.auth.signing_key`)."""
 
 from __future__ import annotations
 
