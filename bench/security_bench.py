@@ -82,8 +82,8 @@ def micro() -> None:
     import json
     import timeit
 
-    from hpo.server.api.auth import Auth
-    from hpo.server.api.hostile import bad_escape
+    from hpo.server.api.guards.body import bad_escape
+    from hpo.server.api.guards.credentials import Auth
     from hpo.server.auth import tokens as auth
     from hpo.server.db import Database
 

@@ -13,24 +13,13 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from hpo.server.analysis.keeper import Keeper
-from hpo.server.api import (
-    analysis,
-    charts,
-    dashboard,
-    errors,
-    health,
-    openapi,
-    pipelines,
-    signin,
-    studies,
-    trials,
-    workers,
-)
-from hpo.server.api.auth import Auth
-from hpo.server.api.hostile import HostileInput
+from hpo.server.api import errors, openapi
+from hpo.server.api.guards.body import HostileInput
+from hpo.server.api.guards.credentials import Auth
+from hpo.server.api.guards.size import BodyLimit, PagePolicy
 from hpo.server.api.hotpath import HotPath
 from hpo.server.api.html_errors import HtmlErrors
-from hpo.server.api.middleware import BodyLimit, PagePolicy
+from hpo.server.api.routes import analysis, charts, dashboard, health, pipelines, signin, studies, trials, workers
 from hpo.server.auth import signing_key
 from hpo.server.auth.tokens import Authenticator
 from hpo.server.bayesian.queue import Refiller

@@ -6,7 +6,7 @@ import os
 import signal
 
 from hpo.lifetime import die_with_parent
-from hpo.server import http_protocol
+from hpo.server.api.guards import protocol
 from hpo.server.app import create_app
 from hpo.server.config import ServerSettings
 from hpo.settings import Settings
@@ -22,5 +22,5 @@ def _die_with_master() -> None:
 
 _die_with_master()
 _server = ServerSettings.from_env()
-http_protocol.configure(_server.header_seconds, _server.body_seconds)
+protocol.configure(_server.header_seconds, _server.body_seconds)
 app = create_app(Settings.from_env(), server=_server)

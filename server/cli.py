@@ -123,9 +123,9 @@ def _serve(args: argparse.Namespace) -> int:
         # Idle keep-alive connections close after 5 s; request headers must arrive within
         # HPO_HEADER_SECONDS and stay under 64 KiB, the whole body within HPO_BODY_SECONDS, and
         # --limit-concurrency counts requests in progress, health checks excepted
-        # (hpo.server.http_protocol, hpo.server.api.hostile).
+        # (hpo.server.api.guards.protocol, hpo.server.api.guards.body).
         timeout_keep_alive=5,
-        http="hpo.server.http_protocol:HeaderDeadlineProtocol",
+        http="hpo.server.api.guards.protocol:HeaderDeadlineProtocol",
         h11_max_incomplete_event_size=64 * 1024,
         limit_concurrency=args.limit_concurrency,
         timeout_graceful_shutdown=30,

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpo.policy import ExecutionPolicy
 from hpo.server.api.errors import error_response
-from hpo.server.api.workers import _runs
+from hpo.server.api.routes.workers import _runs
 from hpo.server.errors import HpoError
 from hpo.server.schemas import ClaimRequest, LeaseRequest
 from hpo.server.trials import leases, leases_async

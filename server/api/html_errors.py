@@ -24,7 +24,9 @@ def wants_html(scope: Scope) -> bool:
 
 def error_page(status: int, body: Any) -> bytes:
     """The page for an error status and the JSON body the API would have answered."""
-    from hpo.server.api.dashboard import _page  # the dashboard's templates; imported late (it imports this package)
+    from hpo.server.api.routes.dashboard import (
+        _page,  # the dashboard's templates; imported late (it imports this package)
+    )
 
     detail = body.get("detail") if isinstance(body, dict) else None
     details = detail if isinstance(detail, list) else []

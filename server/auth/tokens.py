@@ -1,6 +1,6 @@
 """Who may call what: API tokens with roles, the trial tokens a worker hands its trial processes,
 and the dashboard sessions. Plain Python over the `Database`; the HTTP side
-(`hpo.server.api.auth`) only maps a request to a permission and asks here.
+(`hpo.server.api.guards.credentials`) only maps a request to a permission and asks here.
 
 Roles (docs/security.md):
 - `read`: every GET (studies, trials, metrics, analysis, plots, the dashboard, /metrics).

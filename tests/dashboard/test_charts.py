@@ -254,7 +254,7 @@ def test_study_page_shows_the_analysis_comparison_contract(
 ) -> None:
     """The analysis' arm comparison (`comparison`, `trial_variance`, per arm `replica_ci`, `rank`)
     renders when present; until the analysis sends them the page shows dashes (tested above)."""
-    from hpo.server.api import dashboard
+    from hpo.server.api.routes import dashboard
 
     real = dashboard.kept_analysis
 

@@ -128,7 +128,7 @@ def test_a_client_trickling_headers_is_cut_off(tmp_path: Path, monkeypatch: pyte
 
     import uvicorn
 
-    from hpo.server import http_protocol
+    from hpo.server.api.guards import protocol as http_protocol
     from hpo.server.app import create_app
     from hpo.settings import Settings
 

@@ -264,7 +264,7 @@ def test_the_reproduce_command_of_a_command_trial_runs_it_by_hand(tmp_path: Path
     import os
     import subprocess
 
-    from hpo.server.api.dashboard import reproduce_command
+    from hpo.server.api.routes.dashboard import reproduce_command
 
     spec = {
         "objective": {"metric": "valid/error_rate", "mode": "min"},

@@ -27,7 +27,7 @@ from hpo.server.analysis.model import arm_label, fmt
 from hpo.server.analysis.service import kept_analysis, resume_advice
 from hpo.server.analysis.tracking import tracking_rows
 from hpo.server.api.deps import DatabaseDep, SettingsDep, StudyId, TrialId
-from hpo.server.api.pipelines import PipelineId, RoundId
+from hpo.server.api.routes.pipelines import PipelineId, RoundId
 from hpo.server.cache import kept, memo
 from hpo.server.dashboard import table
 from hpo.server.dashboard.charts import service

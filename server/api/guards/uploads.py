@@ -3,7 +3,7 @@ anonymous client together), so slow senders hold a bounded share of the server a
 requests that have their body (docs/security.md, "Slow clients").
 
 A request whose whole body has been received is never an upload. Under `hpo server` a body of at
-most `hpo.server.http_protocol.SMALL_BODY` bytes (a sign-in form, a claim, most metrics) is
+most `hpo.server.api.guards.protocol.SMALL_BODY` bytes (a sign-in form, a claim, most metrics) is
 received whole before the request starts, so only larger bodies and chunked ones count; the
 protocol says whether a body is complete through the scope extension `BODY_ARRIVED`. Under another
 ASGI server every request with a body counts until the app has read it. Past a key's limit a

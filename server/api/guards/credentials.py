@@ -11,7 +11,7 @@ Unauthenticated requests that the server does serve once tokens exist (the sign-
 sign-out, static files) are capped at `max_unauthenticated` in progress per server process; more
 answer 503 at once. So a crowd of anonymous clients, slow ones included, holds a bounded share of
 the server and never the slots authenticated calls need. Of that cap, uploads still arriving may
-hold all but a quarter (`hpo.server.api.uploads`): the rest is kept for requests that have their
+hold all but a quarter (`hpo.server.api.guards.uploads`): the rest is kept for requests that have their
 body, so a crowd of slow anonymous uploads never keeps a person from signing in. Each token may
 have `max_uploads_per_token` uploads in flight; past it, that token's slow uploads answer 503 and
 every other request (its own that come whole included) is served. The health checks pass ahead of
@@ -31,10 +31,10 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hpo.server.api.errors import error_response
-from hpo.server.api.uploads import Uploads
+from hpo.server.api.guards.log_tally import Tally
+from hpo.server.api.guards.uploads import Uploads
 from hpo.server.auth.tokens import Authenticator, Principal
 from hpo.server.errors import StorageError
-from hpo.server.lograte import Tally
 
 SESSION_COOKIE = "hpo_session"
 CSRF_COOKIE = "hpo_csrf"

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpo.policy import ExecutionPolicy
 from hpo.server.api.deps import DatabaseDep, SettingsDep, TrialId
+from hpo.server.api.wire import metrics_body
 from hpo.server.errors import Forbidden
 from hpo.server.metrics import ingest
 from hpo.server.schemas import (
@@ -27,7 +28,6 @@ from hpo.server.schemas import (
     WorkerHealthIn,
 )
 from hpo.server.trials import leases, worker_health
-from hpo.server.wire import metrics_body
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
 _METRICS_SCHEMA = MetricsIn.model_json_schema()  # self-contained: its $defs travel with it
@@ -91,7 +91,7 @@ def heartbeat(db: DatabaseDep, settings: SettingsDep, trial_id: TrialId, body: L
 )
 async def metrics(request: Request, db: DatabaseDep, trial_id: TrialId) -> Response:
     # The hot path of ingest: the raw bytes parsed and validated in one pass (msgspec for the
-    # common body, else pydantic: hpo.server.wire); errors still become the one 422 shape
+    # common body, else pydantic: hpo.server.api.wire); errors still become the one 422 shape
     # through RequestValidationError.
     try:
         body = metrics_body(await request.body())

@@ -5,7 +5,7 @@ holding the server (docs/security.md, "Slow clients"). `hpo server` passes this 
 - Headers: a connection that opens, or starts a new request on a kept-alive connection, must
   finish its request line and headers within `HEADER_SECONDS`, or it is closed.
 - Body: the whole body must arrive within `BODY_SECONDS` of the headers' end. The app answers
-  408 at that deadline (`hpo.server.api.hostile`); `BODY_GRACE` later the connection is closed
+  408 at that deadline (`hpo.server.api.guards.body`); `BODY_GRACE` later the connection is closed
   whatever the app did. That closes the connections whose request was answered before its body
   arrived (401, 413, 503) and whose client keeps trickling bytes: uvicorn cancels its keep-alive
   timer at every byte received, so such a connection would otherwise never be closed.
@@ -16,11 +16,11 @@ holding the server (docs/security.md, "Slow clients"). `hpo server` passes this 
   task is made) only once the body is whole, so until then it holds a connection but no request
   slot; at the body deadline it is answered 408 here and closed. Larger and chunked bodies start
   at once, and the scope's extension `hpo.body_arrived` tells the app whether the body is whole
-  yet: the app counts those still arriving (`hpo.server.api.uploads`).
+  yet: the app counts those still arriving (`hpo.server.api.guards.uploads`).
 - `--limit-concurrency` counts requests in progress, not open connections, and never refuses
   `GET /healthz` or `/readyz`. Every connection is bounded in time by the deadlines above, but a
   crowd of them must not make the health checks, or the authenticated calls that the app admits
-  ahead of unauthenticated ones (`hpo.server.api.auth`), answer 503."""
+  ahead of unauthenticated ones (`hpo.server.api.guards.credentials`), answer 503."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from hpo.server.api.uploads import BODY_ARRIVED
-from hpo.server.lograte import Tally
+from hpo.server.api.guards.log_tally import Tally
+from hpo.server.api.guards.uploads import BODY_ARRIVED
 
 HEADER_SECONDS = 10.0
 # A declared body up to this size is received whole before its request starts (a sign-in form, a
@@ -91,7 +91,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             cycle.__class__ = OneWriteCycle
         if cycle is not None and cycle.scope is self.scope:
             # Whether this request's whole body is in: the app counts uploads still arriving
-            # (`hpo.server.api.uploads`), never one that came with its headers.
+            # (`hpo.server.api.guards.uploads`), never one that came with its headers.
             extensions: Any = self.scope.setdefault("extensions", {})
             extensions[BODY_ARRIVED] = lambda: not cycle.more_body
 

@@ -14,8 +14,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import cookie_parser
 
-from hpo.server.api.auth import CSRF_COOKIE, SESSION_COOKIE
-from hpo.server.api.dashboard import _ENV
+from hpo.server.api.guards.credentials import CSRF_COOKIE, SESSION_COOKIE
+from hpo.server.api.routes.dashboard import _ENV
 from hpo.server.auth.tokens import SESSION_SECONDS, Authenticator, Principal, hash_token
 
 router = APIRouter(include_in_schema=False)
