@@ -1,6 +1,6 @@
 """Benchmark of the analysis side on Postgres: a study of 1,000 trials x 200 evaluations x 3 metrics
-(600,000 metric points), 5 finished replicas of each arm's best trial, then `analyze_study` (with
-issue 10's statistics: divergence judged from every completed trial's curves, the overfitting
+(600,000 metric points), 5 finished replicas of each arm's best trial, then `analyze_study` (with the
+statistics of docs/analysis.md: divergence judged from every completed trial's curves, the overfitting
 screen of every finished trial, replica statistics and the Welch comparison) and every plot in SVG
 and PNG, each timed warm (the median of several runs after one warm-up) and printed as a table.
 Targets: analysis < 1 s at 1,000 trials and < 3 s at 5,000 (3 M points); each plot < 1 s.

@@ -1,4 +1,4 @@
-"""Benchmark of `algorithm: "bayesian"` (issue 13), in three parts:
+"""Benchmark of `algorithm: "bayesian"` (docs/bayesian.md), in three parts:
 
 - quality: median simple regret after a budget of 40 trials run by 4 concurrent workers (trial
   durations drawn at random, so results arrive out of order) on Branin, Hartmann-6, a constrained

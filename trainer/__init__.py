@@ -1,4 +1,4 @@
-"""hpo's trainer: one training run, config in, metrics and checkpoints out (DESIGN.md, "Parts").
+"""hpo's trainer: one training run, config in, metrics and checkpoints out (trainer/README.md).
 
     from hpo.trainer import train
     result = train({"params": {...}, "trainer": {...}, "seed": 0}, "runs/a", reporter=None)

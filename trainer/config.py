@@ -1,7 +1,7 @@
 """The run config: parsed and checked into frozen values before anything is built (no torch import).
 
-`train()` takes the object a claimed trial carries and `hpo train --config` reads (DESIGN.md,
-"Configuration and commands"):
+`train()` takes the object a claimed trial carries and `hpo train --config` reads
+(trainer/README.md; docs/worker-protocol.md, "1. Claim"):
 
     {"params": {...resolved hyperparameters...}, "trainer": {...settings...}, "seed": 0,
      "objective": {"metric": "valid/error_rate", "mode": "min"},
@@ -143,7 +143,7 @@ class RunConfig:
 
     def resolved(self) -> dict[str, Any]:
         """The resolved config as plain JSON: every hyperparameter with its default filled in.
-        Saved in every checkpoint (STYLE.md, nanoGPT)."""
+        Saved in every checkpoint (trainer/README.md, "Checkpoints and exact resume")."""
         return {
             "params": {**asdict(self.hparams), **self.model_params},
             "trainer": asdict(self.trainer),
@@ -273,7 +273,8 @@ def parse_resources(raw: Mapping[str, Any]) -> Resources:
 
 def check_world_size(config: RunConfig, world_size: int) -> None:
     """Settings that depend on the process count. The global batch stays fixed as the world size
-    changes (STYLE.md, nanoGPT), so each rank takes `batch_size / world_size` examples."""
+    changes, so a run does not depend on it (trainer/README.md, "Hyperparameters (`params`)"): each
+    rank takes `batch_size / world_size` examples."""
     batch = config.hparams.batch_size
     if batch % world_size:
         raise ConfigError(f"params.batch_size={batch} is not divisible by the world size {world_size}")

@@ -1,5 +1,5 @@
 """The process group, read from the standard environment so one code path runs alone, under
-`torchrun`, under `hpo train --nproc N` and under Ray Train (STYLE.md).
+`torchrun`, under `hpo train --nproc N` and under Ray Train (trainer/README.md).
 
 - A process group that is already initialized (Ray Train's TorchTrainer sets one up before calling
   the training function) is used as it is and left for its owner to destroy.
@@ -42,7 +42,7 @@ class DistContext:
 
 def setup(resources: Resources, timeout_s: float) -> DistContext:
     """Joins (or creates) the process group, picks the device and sets torch's thread count to
-    `resources.cpus_per_worker` (DESIGN.md, "Resources")."""
+    `resources.cpus_per_worker` (docs/spec.md, "Resources")."""
     torch.set_num_threads(resources.threads)
     use_cuda = resources.gpus_per_worker > 0
     if use_cuda and not torch.cuda.is_available():

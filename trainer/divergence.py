@@ -1,5 +1,5 @@
 """What "diverged" means: the one definition the trainer, the analysis, every chart, plot and the
-CSV share (DESIGN.md, "Third wave": "Diverged has one definition in one function").
+CSV share (docs/analysis.md, "Which trials count": "Diverged has one definition in one function").
 
 Playbook (002), "Identifying unstable workloads", Figure 7a: an infeasible trial "either produces
 NaNs or uncharacteristically high values of the loss". A run whose loss blows up to 2.5e7 and then

@@ -8,4 +8,4 @@ class ConfigError(ValueError):
     hyperparameter, a value out of range, a batch size the world size does not divide.
 
     `train()` raises it before the first training step; the worker reports it as kind `config`,
-    which the server never retries (DESIGN.md, "Trial lifecycle")."""
+    which the server never retries (docs/worker-protocol.md, "The lifecycle of a trial")."""

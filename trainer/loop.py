@@ -1,4 +1,4 @@
-"""The training loop: `train(config, out_dir, reporter) -> RunResult` (DESIGN.md, "Parts").
+"""The training loop: `train(config, out_dir, reporter) -> RunResult` (trainer/README.md).
 
 One code path runs alone, under `torchrun`, under `hpo train --nproc N` and under Ray Train: the
 process group comes from the standard environment (`distributed.setup`). What the loop does, with

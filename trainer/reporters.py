@@ -3,8 +3,8 @@
 `train()` always appends every metric to `out_dir/metrics.jsonl` through `MetricsFile`, whatever
 reporter it is given, one `{"step": N, "name": "split/name", "value": V}` object a line (non-finite
 values as the strings "NaN", "Infinity", "-Infinity"). The worker tails that file by byte offset, so
-a server outage buffers on disk (DESIGN.md, "Parts"). A `Reporter` is told about the same points
-and about kept checkpoints, and is asked whether to stop. Only rank 0 has one."""
+a server outage buffers on disk (docs/worker-protocol.md, "Retries"). A `Reporter` is told about the
+same points and about kept checkpoints, and is asked whether to stop. Only rank 0 has one."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ Training order. Every epoch is one permutation of the training set drawn from th
 stream of epochs is cut into global batches of `batch_size`, and rank `r` of `W` takes the `r`-th
 slice of `batch_size / W` examples of each one. So:
 - the global batch stays fixed as the world size changes, and 2 ranks of B/2 see exactly the examples
-  1 rank of B sees (STYLE.md, nanoGPT);
+  1 rank of B sees (`batch_size` is the global batch: trainer/README.md, "Hyperparameters
+  (`params`)");
 - ranks read disjoint data: the playbook's "different seeds across hosts for data shuffling"
   (000, "Considerations for multi-host pipelines") is met by disjoint slices of one global order
   rather than independent streams, which would make a run depend on its world size;

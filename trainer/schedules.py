@@ -1,5 +1,6 @@
-"""Learning-rate schedules as a pure function of the step (STYLE.md, nanoGPT: nothing to save or
-restore, so a resumed run gets exactly the rates an uninterrupted one would).
+"""Learning-rate schedules as a pure function of the step: nothing to save or restore, so a resumed
+run gets exactly the rates an uninterrupted one would (trainer/README.md, "Checkpoints and exact
+resume").
 
 Playbook (002), "Choosing the initial configuration": start with a constant learning rate before
 adding decay schedules, so `constant` is the default. Playbook (002), FAQ "How to apply learning rate

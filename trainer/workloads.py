@@ -1,4 +1,5 @@
-"""Workloads: what to train, independent of how (STYLE.md, algoperf's `Workload`).
+"""Workloads: what to train, independent of how (trainer/README.md, "Your own workload"), after
+MLCommons algoperf's `Workload`, which keeps the training loop independent of any one model.
 
 Built-ins need no download: `synthetic_mlp` (labels from a fixed random teacher network) and
 `digits` (scikit-learn's bundled 8x8 digits). A user's own workload is named by import path,

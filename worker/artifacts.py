@@ -1,4 +1,5 @@
-"""Where a trial's files live: `HPO_ARTIFACT_ROOT/trials/{trial_id}/attempt-{n}/` (DESIGN.md, "Resume").
+"""Where a trial's files live: `HPO_ARTIFACT_ROOT/trials/{trial_id}/attempt-{n}/` (docs/workers.md,
+"Shared storage"; `artifact_path` in docs/worker-protocol.md, "1. Claim").
 
 Every path is built from integer ids, never from user strings (study names, params, URIs sent back
 by the server), so no spec can make a worker write outside the artifact root. Checkpoint URIs are

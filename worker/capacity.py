@@ -1,5 +1,5 @@
-"""What this worker may offer in a claim: the Ray cluster's free CPUs and GPUs (DESIGN.md,
-"Resources": "a claim offers what the worker can place for one trial now")."""
+"""What this worker may offer in a claim: the Ray cluster's free CPUs and GPUs
+(docs/worker-protocol.md, "1. Claim": `resources` is what the worker can give one trial now)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HTTP client for the worker protocol (DESIGN.md, "Trial lifecycle and the worker protocol").
+"""HTTP client for the worker protocol (docs/worker-protocol.md).
 
 Errors fall in three kinds, because a worker reacts to each differently:
 - `LeaseLost` (409): the lease is not ours any more; stop that run at once and write nothing more.
@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from hpo.trainer.result import json_float  # non-finite numbers travel as strings (DESIGN.md)
+from hpo.trainer.result import json_float  # non-finite numbers travel as strings (docs/api.md, "Conventions")
 
 API = "/api/v1"
 

@@ -1,4 +1,4 @@
-"""A user's program as the trainer: `trainer.command` (docs/scripts.md, DESIGN.md "Second wave").
+"""A user's program as the trainer: `trainer.command` (docs/scripts.md).
 
 The worker runs the command once per attempt (once per process for DDP) and talks to it through
 files only, so a script needs no import of hpo (Katib's file metrics collector is the model):
@@ -366,7 +366,7 @@ class CommandRun:
         """Reads new metric points and complete checkpoints; True when there was anything new.
         Checkpoint records follow the files: a recorded checkpoint that is gone (retention here,
         or the script's own, such as Lightning's `save_top_k`) is reported deleted, so the server
-        never offers it as a resume point (DESIGN.md, "Third wave")."""
+        never offers it as a resume point (docs/scripts.md, "Framework callbacks")."""
         if self.sink is None:
             return False
         collected = self.collector.collect() if self.collector is not None else []

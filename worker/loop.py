@@ -6,8 +6,8 @@ than one request timeout and never crashes the worker; the trials keep training 
 rank 0's reporter buffers their points on disk. Each tick:
 
 1. collects trials whose process ended and makes their final call (`complete` / `fail`);
-2. heartbeats every lease a third of the way through it (DESIGN.md, "Leases"); `should_stop` or a
-   409 posts a stop on the `TrialBoard`, which rank 0 polls;
+2. heartbeats every lease a third of the way through it (docs/worker-protocol.md, "2. Heartbeat");
+   `should_stop` or a 409 posts a stop on the `TrialBoard`, which rank 0 polls;
 3. claims more trials while the cluster has free resources (`Capacity`), several at once.
 
 SIGTERM (or SIGINT) drains: no more claims, every run is asked to stop, the trainer checkpoints,

@@ -4,9 +4,9 @@ The trainer always appends `{"step", "name", "value"}` lines to `out_dir/metrics
 reporter tails that file by byte offset and POSTs the new points in batches, flushed when
 `flush_points` points were reported or every `flush_seconds`. The offset advances only after the
 server accepted a batch, so during a server outage the points wait on disk, not in memory: memory
-holds at most one batch (`max_batch`) however long the outage (DESIGN.md, "Parts": "a server outage
-buffers on disk instead of in memory"). Delivery retries with backoff on its own thread; training
-never waits for the server.
+holds at most one batch (`max_batch`) however long the outage (docs/workers.md, "Faults": "points
+wait in `metrics.jsonl` on disk (memory holds one batch at most)"). Delivery retries with backoff on
+its own thread; training never waits for the server.
 
 Checkpoint records are POSTed only after every metric point up to and including their step was
 delivered: the server resumes a killed trial from its newest recorded checkpoint and deletes the

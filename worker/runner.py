@@ -1,4 +1,4 @@
-"""Runs one claimed trial on the Ray cluster (DESIGN.md, "Resources").
+"""Runs one claimed trial on the Ray cluster (docs/workers.md; docs/spec.md, "Resources").
 
 One process (`resources.workers == 1`): a plain Ray task, which starts in milliseconds on a warm
 worker process. Several processes: Ray Train's `TorchTrainer` (DDP; gloo on CPU, NCCL on GPU),
@@ -451,8 +451,8 @@ def fit_ddp(job: TrialJob) -> None:
 
 
 def outcome_of_exception(exc: BaseException) -> Outcome:
-    """Ray's out-of-memory kill is a property of the point (DESIGN.md: `infeasible`); anything else
-    that killed the process is an `error`, retried by the server."""
+    """Ray's out-of-memory kill is a property of the point (`infeasible`: docs/worker-protocol.md,
+    "5. End the attempt"); anything else that killed the process is an `error`, retried by the server."""
     if isinstance(exc, ray.exceptions.OutOfMemoryError):
         return Outcome("infeasible", plain_reason(f"out of memory: {exc}")[-8000:])
     return Outcome("error", plain_reason(f"{type(exc).__name__}: {exc}")[-8000:])

@@ -1,5 +1,5 @@
 """The driver's record of one claimed trial: from claim to job, and from outcome to the final
-protocol call (DESIGN.md, "Trial lifecycle": `complete`, or `fail` with a kind)."""
+protocol call (docs/worker-protocol.md, "5. End the attempt": `complete`, or `fail` with a kind)."""
 
 from __future__ import annotations
 

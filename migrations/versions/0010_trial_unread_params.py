@@ -1,9 +1,9 @@
 """trials.unread_params: hyperparameters the trial's script never read (hpo.session) or was never passed
 
-Reported by the worker when an attempt ends (issue 21: a name the script never reads trains every
-trial at the script's default, silently). NULL when nothing is known (a script that reads
-$HPO_CONFIG by itself); an empty list when every hyperparameter reached the script. A plain
-column, added and dropped in place, as 0008.
+Reported by the worker when an attempt ends (docs/worker-protocol.md, "5. End the attempt"): a name
+the script never reads trains every trial at the script's default, silently. NULL when nothing is
+known (a script that reads $HPO_CONFIG by itself); an empty list when every hyperparameter reached
+the script. A plain column, added and dropped in place, as 0008.
 
 Revision ID: 0010
 Revises: 0009
