@@ -23,7 +23,7 @@ class Settings:
     max_body_bytes: int = 32 * 1024 * 1024
     # Who may run code (hpo.policy): the server refuses studies naming anything outside it.
     execution_policy: ExecutionPolicy = field(default_factory=ExecutionPolicy)
-    # Signs trial tokens and CSRF tokens; when unset, the key file HPO_SESSION_SECRET_FILE (server/signing_key.py).
+    # Signs trial tokens and CSRF tokens; when unset, the key file HPO_SESSION_SECRET_FILE (server/auth/signing_key.py).
     session_secret: str | None = None
     # Child processes that fit bayesian models for this server (0: in a thread of the server itself).
     bayesian_processes: int = 1

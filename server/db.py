@@ -9,7 +9,7 @@ import fcntl
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from importlib import resources
 from typing import Any
@@ -30,6 +30,8 @@ _MIGRATION_LOCK_KEY = 0x68706F
 # busy one is not: pinging before every request was a fifth of a claim's round trips.
 IDLE_CHECK_SECONDS = 5.0
 _log = logging.getLogger("hpo.server")
+# The kept rows serve the analysis, whose logger has always reported a failed keep.
+_kept_log = logging.getLogger("hpo.server.analysis")
 
 
 class Database:
@@ -308,3 +310,37 @@ def _serialize_sqlite_writes(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def keep_rows(session: Session, table: type[Any], rows: Sequence[Mapping[str, Any]], what: str) -> bool:
+    """Upserts kept per-trial rows (`curve_stats`, `curve_sketches`: keyed by trial and name) in a
+    savepoint; False, with a warning naming `what`, when the write failed (a lost race, a
+    read-only database), which costs only the keeping."""
+    if not rows:
+        return True
+    if on_postgres(session):
+        from sqlalchemy.dialects.postgresql import insert as upsert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+    statement = upsert(table)
+    statement = statement.on_conflict_do_update(
+        index_elements=["trial_id", "name"],
+        set_={c: statement.excluded[c] for c in rows[0] if c not in ("trial_id", "name")},
+    )
+    try:
+        with session.begin_nested():
+            # A Core statement on the connection: the driver's executemany (pipelined by psycopg).
+            # Through the ORM's bulk path the same list ran as one statement per row, 7 of the 11 s
+            # of a 5,000-trial study's first analysis on a loaded machine.
+            connection = session.connection()
+            for start in range(0, len(rows), 2000):
+                connection.execute(statement, list(rows[start : start + 2000]))
+    except SQLAlchemyError:
+        _kept_log.warning("could not keep the %s", what, exc_info=True)
+        return False
+    return True
+
+
+def on_postgres(session: Session) -> bool:
+    """Whether `session` speaks to Postgres (where points are chunks: migration 0014)."""
+    return session.get_bind().dialect.name == "postgresql"

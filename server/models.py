@@ -59,15 +59,6 @@ class TrialStatus(str, enum.Enum):
 FINISHED_STATUSES = (TrialStatus.completed, TrialStatus.infeasible, TrialStatus.failed, TrialStatus.cancelled)
 
 
-class NonFinite(enum.IntEnum):
-    """How a metric value that is not a finite number is kept (SQLite stores NaN as NULL)."""
-
-    finite = 0
-    nan = 1
-    pos_inf = 2
-    neg_inf = 3
-
-
 def _enum(cls: type[enum.Enum]) -> Enum:
     return Enum(cls, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
 

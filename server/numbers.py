@@ -3,12 +3,21 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-from hpo.server.models import NonFinite
+
+class NonFinite(enum.IntEnum):
+    """How a metric value that is not a finite number is kept (SQLite stores NaN as NULL)."""
+
+    finite = 0
+    nan = 1
+    pos_inf = 2
+    neg_inf = 3
+
 
 _FROM_STRING = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 

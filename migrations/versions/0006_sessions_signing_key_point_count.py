@@ -2,7 +2,7 @@
 
 Sessions: the cookie holds a random id whose SHA-256 is a row here, deleted at sign-out, so a
 signed-out cookie stops working on every server at once (it was a signed cookie valid for 12 h).
-The signing key moves to HPO_SESSION_SECRET or a key file (hpo.server.signing_key): the old row
+The signing key moves to HPO_SESSION_SECRET or a key file (hpo.server.auth.signing_key): the old row
 held a usable key beside the token hashes and is dropped with its table, so sessions signed in and
 trial tokens issued before this upgrade stop working: people sign in again, and running trials'
 reports are refused (401) and dropped by their workers, so let them finish (or stop the workers)

@@ -23,9 +23,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from hpo.server.analysis.model import Curve, TrialSummary, arm_key, collector_paused
-from hpo.server.db import close_quietly, discard
+from hpo.server.db import close_quietly, discard, keep_rows, on_postgres
 from hpo.server.errors import NotFound
-from hpo.server.models import FINISHED_STATUSES, CurveStat, NonFinite, Study, Trial, TrialStatus
+from hpo.server.models import FINISHED_STATUSES, CurveStat, Study, Trial, TrialStatus
+from hpo.server.numbers import NonFinite
 
 _log = logging.getLogger("hpo.server.analysis")
 _T = TypeVar("_T")
@@ -643,35 +644,6 @@ def _keep(
     keep_rows(session, CurveStat, values, f"curve statistics of {len(trial_ids)} trials")
 
 
-def keep_rows(session: Session, table: type[Any], rows: Sequence[Mapping[str, Any]], what: str) -> bool:
-    """Upserts kept per-trial rows (`curve_stats`, `curve_sketches`: keyed by trial and name) in a
-    savepoint; False, with a warning naming `what`, when the write failed (a lost race, a
-    read-only database), which costs only the keeping."""
-    if not rows:
-        return True
-    if on_postgres(session):
-        from sqlalchemy.dialects.postgresql import insert as upsert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
-    statement = upsert(table)
-    statement = statement.on_conflict_do_update(
-        index_elements=["trial_id", "name"],
-        set_={c: statement.excluded[c] for c in rows[0] if c not in ("trial_id", "name")},
-    )
-    try:
-        with session.begin_nested():
-            # A Core statement on the connection: the driver's executemany (pipelined by psycopg).
-            # Through the ORM's bulk path the same list ran as one statement per row, 7 of the 11 s
-            # of a 5,000-trial study's first analysis on a loaded machine.
-            connection = session.connection()
-            for start in range(0, len(rows), 2000):
-                connection.execute(statement, list(rows[start : start + 2000]))
-    except SQLAlchemyError:
-        _log.warning("could not keep the %s", what, exc_info=True)
-        return False
-    return True
-
-
 def _aggregate_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters `_CURVE_STATS` names (the kept rows' lookup has more)."""
     return {k: params[k] for k in ("cut", "inf", "first_name", "first_step", "first_obj")}
@@ -707,11 +679,6 @@ def class_count(session: Session, study_id: int, prefix: str) -> int | None:
         {"t": one, "p": f"{prefix}correct/class_%"},
     ).scalar()
     return int(n) if n else None
-
-
-def on_postgres(session: Session) -> bool:
-    """Whether `session` speaks to Postgres (where points are chunks: migration 0014)."""
-    return session.get_bind().dialect.name == "postgresql"
 
 
 def horizon(session: Session, study: StudyInfo) -> float | None:

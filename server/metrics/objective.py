@@ -6,7 +6,8 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from hpo.server.models import MetricPoint, NonFinite, Trial
+from hpo.server.models import MetricPoint, Trial
+from hpo.server.numbers import NonFinite
 
 
 def refresh(session: Session, trial_id: int, metric: str, mode: str) -> tuple[float | None, int | None]:

@@ -17,7 +17,7 @@ import numpy as np
 from sqlalchemy import bindparam, text
 from sqlalchemy.orm import Session
 
-from hpo.server.analysis import load
+from hpo.server import db
 from hpo.server.models import CurveSketch
 
 POINTS = 60  # points per curve after downsampling: enough for the shape, cheap for 1,000 curves
@@ -65,7 +65,7 @@ def downsampled(session: Session, trial_ids: Sequence[int], name: str, width: in
     bucket's first step); a bucket with only non-finite values answers None for its value."""
     if not trial_ids:
         return {}
-    arrays = load.on_postgres(session)
+    arrays = db.on_postgres(session)
     statement = text(_DOWNSAMPLED_ARRAYS if arrays else _DOWNSAMPLED).bindparams(bindparam("ids", expanding=True))
     out: dict[int, Curve] = {}
     for chunk in range(0, len(trial_ids), 1000):  # bounded IN lists
@@ -122,7 +122,7 @@ def keep(session: Session, study_id: int, names: Sequence[str], width: int) -> i
                     "means": packed_means,
                 }
             )
-    if not load.keep_rows(session, CurveSketch, rows, f"curve sketches of study {study_id}"):
+    if not db.keep_rows(session, CurveSketch, rows, f"curve sketches of study {study_id}"):
         return 0
     return len({r["trial_id"] for r in rows})
 

@@ -28,8 +28,9 @@ from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, InvalidInput
 from hpo.server.models import Launch, Pipeline, Round, Study
-from hpo.server.rounds.pipelines import launch_public, pipeline_or_404, round_or_404, round_studies, round_summary
+from hpo.server.rounds.pipelines import launch_public, round_studies, round_summary
 from hpo.server.studies import service as studies
+from hpo.server.studies.from_baseline import pipeline_or_404, round_or_404
 from hpo.server.trials import reads as trials
 
 VERDICTS = ("better", "within_noise", "worse", "unstable", "unknown")

@@ -33,10 +33,11 @@ from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, FieldError, InvalidInput, NotFound
 from hpo.server.models import Pipeline, Round, RoundRecipe, Study
-from hpo.server.rounds.pipelines import expand_spec, pipeline_or_404, round_or_404, round_studies
+from hpo.server.rounds.pipelines import round_studies
 from hpo.server.space import ranges
 from hpo.server.spec.model import CROSSED_TYPES, Hyperparameter, parse_spec
 from hpo.server.studies import service as studies
+from hpo.server.studies.from_baseline import expand_spec, pipeline_or_404, round_or_404
 
 KINDS = ("exploit", "steps", "instability", "warmup", "longer")
 REGULARIZERS = {"weight_decay": 0.0, "dropout": 0.0, "label_smoothing": 0.0}

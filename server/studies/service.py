@@ -32,6 +32,7 @@ from hpo.server.schemas import (
 )
 from hpo.server.spec import advice, trainer, workloads
 from hpo.server.spec.model import StudySpec, arm_count, parse_spec
+from hpo.server.studies.from_baseline import expand_spec
 
 MAX_TRIALS_PER_STUDY = 100_000
 
@@ -40,7 +41,7 @@ def create_study(db: Database, raw_spec: object, policy: ExecutionPolicy | None 
     """Validates the spec, stores the study and lays out its trials in one transaction, and
     answers with the design checks as warnings (they never refuse the study). `policy` is the
     operator's allow-list (default: built-in workloads only); a study naming anything else is refused.
-    A spec naming `round_id` starts from its pipeline's baseline (`pipelines.expand_spec`), read in
+    A spec naming `round_id` starts from its pipeline's baseline (`from_baseline.expand_spec`), read in
     the same transaction."""
     with db.transaction() as session:
         _ensure_raw_name_free(session, raw_spec)
@@ -62,8 +63,6 @@ def create_in_round(
     """Creates a round's study inside the caller's transaction (study creation, recipes, a round's
     baseline reruns, which pass `role="baseline"`): the spec expanded from the pipeline, then
     checked and laid out as any other."""
-    from hpo.server.rounds.pipelines import expand_spec  # pipelines imports this module's neighbours
-
     _ensure_raw_name_free(session, raw_spec)
     raw, round_row = expand_spec(session, raw_spec)
     spec, drafts = _prepared(raw, policy)
