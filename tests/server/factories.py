@@ -11,7 +11,8 @@ _EXAMPLE = json.loads((Path(__file__).parents[2] / "examples" / "optimizer-compa
 
 
 def study_spec(**overrides: Any) -> dict[str, Any]:
-    """DESIGN.md's example spec (examples/optimizer-comparison.json) with fields replaced."""
+    """The example spec of docs/spec.md (examples/optimizer-comparison.json) with fields
+    replaced."""
     spec = copy.deepcopy(_EXAMPLE)
     spec.update(overrides)
     return spec

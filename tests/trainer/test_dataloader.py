@@ -1,8 +1,8 @@
-"""Issue 12, item 7: workloads whose datasets are ordinary map-style Datasets of single examples
-(`ExampleDataset`), loaded through a real DataLoader with `trainer.data_workers` processes. The
-DataLoader reads the step-based order of `sampling`, so it feeds exactly the batches the
-batch-indexed path does: the same run trains to the same bits, resumes exactly, and shards over
-DDP ranks the same way."""
+"""`trainer.data_workers` (docs/spec.md, "Training settings the trainer reads"): workloads whose
+datasets are ordinary map-style Datasets of single examples (`ExampleDataset`), loaded through a
+real DataLoader with `trainer.data_workers` processes. The DataLoader reads the step-based order of
+`sampling`, so it feeds exactly the batches the batch-indexed path does: the same run trains to the
+same bits, resumes exactly, and shards over DDP ranks the same way."""
 
 from __future__ import annotations
 
