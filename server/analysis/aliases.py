@@ -9,8 +9,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpo.server.analysis.load import StudyInfo
-from hpo.server.analysis.model import TrialSummary
+from hpo.server.analysis.model import StudyInfo, TrialSummary
 from hpo.server.spec.model import ANALYSIS_METRICS, ANALYSIS_PARAMS
 
 # The metrics the checks read: a trial page says in words when a trial reported none of one.

@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import String, bindparam, cast, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from hpo.server.analysis.model import Curve, TrialSummary, arm_key, collector_paused
+from hpo.server.analysis.model import Curve, StudyInfo, TrialSummary, arm_key, collector_paused
 from hpo.server.db import close_quietly, discard, keep_rows, on_postgres
 from hpo.server.errors import NotFound
 from hpo.server.models import FINISHED_STATUSES, CurveStat, Study, Trial, TrialStatus
@@ -59,17 +59,6 @@ def beside(session: Session, read: Callable[[Session], _T]) -> Future[_T]:
             close_quietly(other)
 
     return _BESIDE.submit(run)
-
-
-@dataclass(frozen=True)
-class StudyInfo:
-    id: int
-    name: str
-    description: str
-    status: str
-    spec: dict[str, Any]
-    metric: str
-    mode: str
 
 
 def study_info(session: Session, study_id: int) -> StudyInfo:
@@ -716,3 +705,15 @@ def _curves(rows: Iterable[Any]) -> dict[int, dict[str, Curve]]:
         tid: {name: Curve(np.asarray(s, dtype=float), np.asarray(v, dtype=float)) for name, (s, v) in by_name.items()}
         for tid, by_name in grouped.items()
     }
+
+
+def unread_by_trial(session: Session, study_id: int) -> dict[int, list[str]]:
+    """`{trial_id: names}` for the study's trials whose script missed at least one hyperparameter."""
+    rows = session.execute(
+        select(Trial.id, Trial.unread_params).where(
+            Trial.study_id == study_id,
+            Trial.unread_params.is_not(None),
+            cast(Trial.unread_params, String) != "[]",
+        )
+    )
+    return {tid: list(names) for tid, names in rows if names}

@@ -15,6 +15,19 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class StudyInfo:
+    """A study as the analysis reads it: its row's plain fields and its stored spec."""
+
+    id: int
+    name: str
+    description: str
+    status: str
+    spec: dict[str, Any]
+    metric: str
+    mode: str
+
+
+@dataclass(frozen=True)
 class TrialSummary:
     """One trial reduced to what the analysis needs; `objective` is its best finite value of the
     objective metric (None when it has none), `best_step` where it happened."""

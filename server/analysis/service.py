@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session
 
 from hpo.server.analysis import load as queries
 from hpo.server.analysis.aliases import aliases_of, filed, metric_name, renamed_study, renamed_trials
+from hpo.server.analysis.judged import load_trials
+from hpo.server.analysis.load import unread_by_trial
 from hpo.server.analysis.model import Curve, TrialSummary, arm_key, fmt, warning
 from hpo.server.analysis.rules.arms import arm_summaries, comparison, comparison_warnings, trial_variance
 from hpo.server.analysis.rules.boundary import boundary_warnings, check_boundaries
@@ -30,7 +32,7 @@ from hpo.server.analysis.rules.curves import (
     screen_warnings,
 )
 from hpo.server.analysis.rules.diagnostics import late_noise
-from hpo.server.analysis.rules.divergence import best_ranks, load_trials, without_outlier
+from hpo.server.analysis.rules.divergence import best_ranks, without_outlier
 from hpo.server.analysis.rules.feasibility import (
     infeasible_summary,
     infeasible_warnings,
@@ -49,7 +51,6 @@ from hpo.server.analysis.rules.training import (
     warmup_warnings,
 )
 from hpo.server.analysis.rules.unread import study_warnings as unread_warnings
-from hpo.server.analysis.rules.unread import unread_by_trial
 from hpo.server.analysis.skipped import (
     best_step_skips,
     budget_skips,

@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import select, text
 
 from hpo.server.analysis import load
+from hpo.server.analysis.judged import study_best
 from hpo.server.analysis.model import TrialSummary
-from hpo.server.analysis.rules.divergence import study_best
 from hpo.server.db import Database
 from hpo.server.models import resumed
 

@@ -172,7 +172,7 @@ def _likelihood() -> Any:
     holds the noise near 0.02, i.e. a noise std of 13 % of the objective's spread: on a smooth
     objective it blurs the last digits the exploitation phase is for (Branin's median regret
     0.011 against 0.0005 with this prior, bench/bayesian_bench.py), while noisy trials still get
-    their noise inferred from the data (tests/bayesian/test_designer.py)."""
+    their noise inferred from the data (tests/server/bayesian/test_designer.py)."""
     from gpytorch.constraints import GreaterThan
     from gpytorch.likelihoods import GaussianLikelihood
     from gpytorch.priors import LogNormalPrior

@@ -12,11 +12,12 @@ from sqlalchemy.orm import Session
 
 from hpo.server.analysis import load
 from hpo.server.analysis.aliases import aliases_of, filed, metric_name, missing_metric
+from hpo.server.analysis.judged import load_trials
 from hpo.server.analysis.model import TrialSummary
 from hpo.server.analysis.rules.arms import arm_summaries
 from hpo.server.analysis.rules.boundary import check_boundaries
 from hpo.server.analysis.rules.curves import OBJECTIVE_TRAIN
-from hpo.server.analysis.rules.divergence import best_ranks, load_trials
+from hpo.server.analysis.rules.divergence import best_ranks
 from hpo.server.analysis.rules.isolation import isolation_series
 from hpo.server.analysis.rules.stopped import concluding, stopped_short
 from hpo.server.analysis.rules.training import best_step_summary

@@ -22,9 +22,9 @@ from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
 from hpo.server.analysis import load
+from hpo.server.analysis.judged import load_trials
 from hpo.server.analysis.model import TrialSummary, fmt
 from hpo.server.analysis.rules.arms import CONFIDENCE, comparison, replica_stats, seed_ignored_message
-from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, InvalidInput
 from hpo.server.models import Launch, Pipeline, Round, Study

@@ -28,8 +28,8 @@ from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
 from hpo.server.analysis import load
+from hpo.server.analysis.judged import load_trials
 from hpo.server.analysis.model import TrialSummary, fmt
-from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, FieldError, InvalidInput, NotFound
 from hpo.server.models import Pipeline, Round, RoundRecipe, Study

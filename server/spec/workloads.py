@@ -9,7 +9,7 @@ creation warnings.
 
 The training hyperparameters every workload shares come from `hpo.trainer.config` (plain Python);
 what each built-in model adds, and how many classes it reports, is copied here from
-`hpo.trainer.workloads`, and tests/server/test_catalogue.py keeps the copy equal to the real
+`hpo.trainer.workloads`, and tests/server/spec/test_catalogue.py keeps the copy equal to the real
 registry."""
 
 from __future__ import annotations

@@ -513,7 +513,7 @@ def status_reason(session: Session, study: Study) -> str:
 def _best_trial(session: Session, study: Study) -> tuple[int, float] | None:
     # The analysis decides (analysis.divergence.study_best): replicas never, diverged trials and
     # lone outlier evaluations never, so the page, the CSV and the analysis name the same trial.
-    from hpo.server.analysis.rules.divergence import study_best
+    from hpo.server.analysis.judged import study_best
 
     best = study_best(session, study.id)
     return (best.id, float(best.objective)) if best is not None and best.objective is not None else None

@@ -9,7 +9,7 @@ rare goes on through `leases` in a thread: the reaping of expired leases (once a
 attempt's history cut, a worker handing back a trial it may not run.
 
 Keep `claim` in step with `leases._claim_postgres`: anything added there at claim time must be
-added here too (tests/server/test_hotpath.py compares the two)."""
+added here too (tests/api/test_hotpath.py compares the two)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from hpo.server.analysis import load
+from hpo.server.analysis.judged import load_trials
 from hpo.server.analysis.model import TrialSummary, arm_label
-from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.db import Database
 from hpo.server.trials.reads import create_replicas
 

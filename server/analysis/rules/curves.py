@@ -6,14 +6,16 @@ problem if it occurs in any of the trials")."""
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hpo.server.analysis.load import CurveStats
 from hpo.server.analysis.model import Curve, TrialSummary, fmt, warning
 from hpo.server.analysis.rules.diagnostics import NEEDS, NOISE_CLEARANCE, Finding, check_curves, overfit_threshold
 from hpo.server.space.search_space import Dimension, is_regularizer, unit
+
+if TYPE_CHECKING:  # annotations only: the rules take plain values, never a database
+    from hpo.server.analysis.load import CurveStats
 
 OBJECTIVE_TRAIN = "train/loss"
 

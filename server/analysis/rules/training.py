@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpo.server.analysis.load import CurveStats
 from hpo.server.analysis.model import TrialSummary, arm_label, fmt, warning
 from hpo.server.space.search_space import Dimension
+
+if TYPE_CHECKING:  # annotations only: the rules take plain values, never a database
+    from hpo.server.analysis.load import CurveStats
 
 EARLY, LATE = 0.10, 0.75
 # "Consistently" in the last 25%: at least this share of the best trials. A curve that has flattened

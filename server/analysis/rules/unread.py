@@ -14,11 +14,6 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import String, cast, select
-from sqlalchemy.orm import Session
-
-from hpo.server.models import Trial
-
 HOW_TO_PASS = (
     "pass it as a placeholder of trainer.command (--name={name}, or {args} for all) or read it from "
     "hpo.session().params (docs/scripts.md)"
@@ -43,18 +38,6 @@ def trial_warnings(unread_params: Sequence[str] | None) -> list[dict[str, Any]]:
             ),
         }
     ]
-
-
-def unread_by_trial(session: Session, study_id: int) -> dict[int, list[str]]:
-    """`{trial_id: names}` for the study's trials whose script missed at least one hyperparameter."""
-    rows = session.execute(
-        select(Trial.id, Trial.unread_params).where(
-            Trial.study_id == study_id,
-            Trial.unread_params.is_not(None),
-            cast(Trial.unread_params, String) != "[]",
-        )
-    )
-    return {tid: list(names) for tid, names in rows if names}
 
 
 def study_warnings(

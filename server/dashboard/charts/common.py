@@ -10,8 +10,8 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from hpo.server.analysis import load
+from hpo.server.analysis.judged import load_trials
 from hpo.server.analysis.model import TrialSummary, fmt
-from hpo.server.analysis.rules.divergence import load_trials
 from hpo.server.space.search_space import Dimension, dimensions
 
 
