@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from hpo.server.analysis import importance
 from hpo.server.analysis.keeper import Keeper
 from hpo.server.api import errors, openapi
 from hpo.server.api.guards.body import HostileInput
@@ -25,7 +26,6 @@ from hpo.server.auth.tokens import Authenticator
 from hpo.server.bayesian.queue import Refiller
 from hpo.server.cache.kept import StillStudies
 from hpo.server.config import ServerSettings
-from hpo.server.dashboard.charts import importance
 from hpo.server.dashboard.charts import service as chart_data
 from hpo.server.db import Database
 from hpo.server.errors import StorageError, one_line

@@ -28,8 +28,10 @@ from sqlalchemy.orm import Session
 
 from hpo.policy import ExecutionPolicy
 from hpo.server.analysis import load
+from hpo.server.analysis.importance import study_importance
 from hpo.server.analysis.judged import load_trials
 from hpo.server.analysis.model import TrialSummary, fmt
+from hpo.server.analysis.service import analyze_study
 from hpo.server.db import Database
 from hpo.server.errors import Conflict, FieldError, InvalidInput, NotFound
 from hpo.server.models import Pipeline, Round, RoundRecipe, Study
@@ -238,12 +240,10 @@ def _count(options: Mapping[str, Any], key: str, default: int, high: int = 1000)
 def plan_exploit(db: Database, ctx: Context, options: dict[str, Any]) -> Plan:
     """A bayesian study over the refined space (`refine_space`), warm-started from the exploration
     study when the refined space lies inside its space."""
-    from hpo.server.analysis.service import analyze_study
-    from hpo.server.dashboard.charts.service import chart
-
     assert ctx.source is not None
     analysis = analyze_study(db, ctx.source.id)
-    importance = chart(db, ctx.source.id, "importance")
+    with db.transaction() as session:
+        importance = study_importance(session, load.study_info(session, ctx.source.id))
     space, notes, widened = refine_space(ctx.source, analysis, importance, options)
     num_trials = _count(options, "num_trials", 20)
     bayesian: dict[str, Any] = {}

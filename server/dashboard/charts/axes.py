@@ -4,16 +4,16 @@ boundaries"), and parallel coordinates over all of them."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from hpo.server.analysis import load
-from hpo.server.analysis.model import TrialSummary, arm_label, fmt
+from hpo.server.analysis.importance import holds_by_arm
+from hpo.server.analysis.model import arm_label, fmt
 from hpo.server.dashboard.charts.common import _axis_type, _bounds, _originals, _sign, _worst, hovers, trial_summaries
 from hpo.server.dashboard.charts.progress import thin
-from hpo.server.space.search_space import Dimension, dimensions
+from hpo.server.space.search_space import dimensions
 
 PARALLEL_LINES = 1000
 
@@ -35,7 +35,7 @@ def axis_chart(session: Session, study: load.StudyInfo, _options: dict[str, Any]
     for dim in dimensions(study.spec):
         if not dim.varied:
             continue
-        holds = _holds_by_arm(dim, trials, copies)
+        holds = holds_by_arm(dim, trials, copies)
         mine = [t for t in trials if dim.name in t.params and holds[t.arm_key]]
         twins = [t for t in copies if dim.name in t.params and holds[t.arm_key]]
         feasible = [t for t in mine if t.feasible]
@@ -78,17 +78,6 @@ def axis_chart(session: Session, study: load.StudyInfo, _options: dict[str, Any]
         )
     text = {**hovers([t for t in trials if t.id in drawn], study.metric), **hovers(copies, study.metric)}
     return {"panels": panels, "n_trials": len(trials), "n_replicas": len(copies), "text": text}
-
-
-def _holds_by_arm(dim: Dimension, *groups: Sequence[TrialSummary]) -> dict[str, bool]:
-    """`dim.applies` by arm key, once per arm of the trials (per trial, it was a third of the axis
-    chart's first call at 50,000 trials)."""
-    out: dict[str, bool] = {}
-    for trials in groups:
-        for t in trials:
-            if t.arm_key not in out:
-                out[t.arm_key] = dim.applies(t.arm)
-    return out
 
 
 def parallel_chart(session: Session, study: load.StudyInfo, _options: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,8 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from hpo.server.analysis import load
+from hpo.server.analysis.importance import holds_by_arm
 from hpo.server.analysis.model import arm_label
-from hpo.server.dashboard.charts.axes import _holds_by_arm
 from hpo.server.dashboard.charts.common import _axis_type, _numeric_dims, _originals, _sign, hovers
 from hpo.server.dashboard.charts.progress import THIN_POINTS, thin
 from hpo.server.errors import InvalidInput
@@ -61,7 +61,7 @@ def contour_chart(session: Session, study: load.StudyInfo, options: dict[str, An
             f"{x_label!r} and {y_label!r} are never defined in the same trials (their arms differ): "
             f"draw {x_label!r} against one of {pairs[x_label]}",
         )
-    hx, hy = _holds_by_arm(dx, trials), _holds_by_arm(dy, trials)
+    hx, hy = holds_by_arm(dx, trials), holds_by_arm(dy, trials)
     trials = [t for t in trials if hx[t.arm_key] and hy[t.arm_key] and dx.name in t.params and dy.name in t.params]
     xs = np.array([float(t.params[dx.name]) for t in trials])
     ys = np.array([float(t.params[dy.name]) for t in trials])

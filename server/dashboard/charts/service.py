@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 from sqlalchemy.orm import Session
 
 from hpo.server.analysis import load
+from hpo.server.analysis.importance import study_importance
 from hpo.server.analysis.service import kept_analysis
 from hpo.server.cache import kept as kept_charts
 from hpo.server.cache import memo
@@ -25,7 +26,6 @@ from hpo.server.dashboard.charts.common import trial_summaries
 from hpo.server.dashboard.charts.contour import contour_chart
 from hpo.server.dashboard.charts.curves import CURVE_POINTS, CURVES_SHOWN, curves_chart
 from hpo.server.dashboard.charts.encoding import dumps
-from hpo.server.dashboard.charts.importance import importance_chart
 from hpo.server.dashboard.charts.progress import history_chart, progress_chart
 from hpo.server.dashboard.charts.report import best_steps_chart, budget_chart, grad_norm_chart, isolation_chart
 from hpo.server.dashboard.charts.timeline import timeline_chart
@@ -158,7 +158,7 @@ _CHARTS: dict[str, Callable[[Session, load.StudyInfo, dict[str, Any]], dict[str,
     "axis": axis_chart,
     "parallel": parallel_chart,
     "contour": contour_chart,
-    "importance": importance_chart,
+    "importance": lambda session, study, options: study_importance(session, study, options.get("arm") or None),
     "curves": curves_chart,
     "grad_norm": lambda *_: {},
     "isolation": lambda *_: {},

@@ -1,5 +1,5 @@
 """Which hyperparameters matter: a random forest's permutation importance per arm, kept in memory
-per study version."""
+per study version. The dashboard draws it and the exploit recipe refines a space by it."""
 
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from hpo.server.analysis import load
+from hpo.server.analysis.judged import load_trials
 from hpo.server.analysis.model import TrialSummary, arm_label
-from hpo.server.dashboard.charts.axes import _holds_by_arm
-from hpo.server.dashboard.charts.common import (
-    _originals,
-)
 from hpo.server.errors import InvalidInput
 from hpo.server.space.search_space import Dimension, dimensions
 
@@ -32,13 +29,13 @@ IMPORTANCE_METHOD = (
 )
 
 
-def importance_chart(session: Session, study: load.StudyInfo, options: dict[str, Any]) -> dict[str, Any]:
+def study_importance(session: Session, study: load.StudyInfo, arm: str | None = None) -> dict[str, Any]:
     """Which hyperparameters the objective depends on, over the completed original trials (of one
     `arm` when asked), conditional ones included as their own dimensions (`importance_by_dim`);
     cached per study and arm until a trial finishes (the forests cost a few hundred milliseconds on
     thousands of trials)."""
-    arm = options.get("arm") or None
-    trials = [t for t in _originals(session, study.id) if t.feasible]
+    judged, _ = load_trials(session, study)
+    trials = [t for t in judged if t.feasible and t.replica_of is None]
     labels = sorted({arm_label(a) for a in {t.arm_key: t.arm for t in trials}.values()})
     if arm is not None:
         if arm not in labels:
@@ -65,7 +62,7 @@ def importance_by_dim(dims: Sequence[Dimension], trials: Sequence[TrialSummary])
     (with the unconditional ones beside it, so it competes with them there). `learning_rate` under
     Adam and under Nesterov are two entries, `learning_rate (optimizer=adam)` and
     `learning_rate (optimizer=nesterov)`, each with the number of trials it was computed on."""
-    plain = [d for d in dims if not d.when or all(_holds_by_arm(d, trials).values())]
+    plain = [d for d in dims if not d.when or all(holds_by_arm(d, trials).values())]
     groups: dict[str, list[Dimension]] = {}
     for d in dims:
         if d not in plain:
@@ -74,7 +71,7 @@ def importance_by_dim(dims: Sequence[Dimension], trials: Sequence[TrialSummary])
     params = [{**p, "n": len(trials)} for p in answer["params"]]
     variance = float(np.var([float(t.objective or 0.0) for t in trials])) if trials else None
     for group in groups.values():
-        holds = _holds_by_arm(group[0], trials)
+        holds = holds_by_arm(group[0], trials)
         mine = [t for t in trials if holds[t.arm_key]]
         sub = importance([*plain, *group], mine, variance=variance)
         wanted = {d.label for d in group}
@@ -160,3 +157,14 @@ def _permutation_rises(
     base = float(np.mean((forest.predict(x) - y) ** 2))
     predicted = forest.predict(copies.reshape(-1, x.shape[1])).reshape(columns, repeats, n)
     return np.asarray(np.mean((predicted - y) ** 2, axis=2) - base)
+
+
+def holds_by_arm(dim: Dimension, *groups: Sequence[TrialSummary]) -> dict[str, bool]:
+    """`dim.applies` by arm key, once per arm of the trials (per trial, it was a third of the axis
+    chart's first call at 50,000 trials)."""
+    out: dict[str, bool] = {}
+    for trials in groups:
+        for t in trials:
+            if t.arm_key not in out:
+                out[t.arm_key] = dim.applies(t.arm)
+    return out
