@@ -1,11 +1,22 @@
-"""`hpo server`: registers the subcommand; uvicorn and the app load only when it runs."""
+"""`hpo server`: registers the subcommand; uvicorn, the app and SQLAlchemy load only when it runs
+(imported inside the functions that need them), so `hpo --help` loads none of them."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
+import socket
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from hpo.cli import CliError
+from hpo.policy import COMMANDS_ENV, ENV_ENV, WORKLOADS_ENV, ExecutionPolicy, PolicyError
+from hpo.server.auth import signing_key
+from hpo.server.config import ServerSettings
+from hpo.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from hpo.server.db import Database
@@ -80,12 +91,7 @@ def register(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from hpo.cli import CliError
-    from hpo.policy import PolicyError
-    from hpo.server.config import ServerSettings
-    from hpo.settings import Settings, SettingsError
+    import uvicorn  # lazy: hpo --help must not load uvicorn (module docstring)
 
     try:
         _export_allow_lists(args)  # every server process reads its settings from the environment
@@ -136,10 +142,6 @@ def _serve(args: argparse.Namespace) -> int:
 def _export_allow_lists(args: argparse.Namespace) -> None:
     """`--allow-workload/--allow-command/--allow-env` added to the `HPO_ALLOWED_*` variables that
     every server process reads (one story with `hpo worker`'s options of the same names)."""
-    import json
-
-    from hpo.policy import COMMANDS_ENV, ENV_ENV, WORKLOADS_ENV, ExecutionPolicy
-
     if not (args.allow_workload or args.allow_command or args.allow_env):
         return
     policy = ExecutionPolicy.from_env().merged(args.allow_workload, args.allow_command, args.allow_env)
@@ -159,8 +161,6 @@ def token_weakness(token: str) -> str | None:
 
 def _check_token_strength(host: str, token: str | None) -> None:
     """A guessable HPO_API_TOKEN is an admin password for anyone who reaches a public address."""
-    from hpo.cli import CliError
-
     weakness = None if is_loopback(host) or not token else token_weakness(token)
     if weakness is not None:
         raise CliError(
@@ -171,10 +171,6 @@ def _check_token_strength(host: str, token: str | None) -> None:
 
 def _check_port(host: str, port: int) -> None:
     """Refuses a taken port in one line, before the schema upgrade, instead of uvicorn's late error."""
-    import socket
-
-    from hpo.cli import CliError
-
     with socket.socket() as sock:
         # As uvicorn binds: a port whose last server just exited (TIME_WAIT) is free to take.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -199,9 +195,6 @@ def is_loopback(host: str) -> bool:
 def _signing_key_once(settings: Any, server: Any) -> None:
     """Creates the key file before the processes start (they all read it then), or says in one
     line why it cannot be."""
-    from hpo.cli import CliError
-    from hpo.server.auth import signing_key
-
     try:
         signing_key.load(settings.session_secret, server.secret_file)
     except signing_key.SigningKeyError as exc:
@@ -211,11 +204,9 @@ def _signing_key_once(settings: Any, server: Any) -> None:
 def _upgrade_once(settings: Any, processes: int) -> int:
     """Upgrades the schema once before the processes start, and warns when they could need more
     Postgres connections than are free; answers how many tokens exist."""
-    import sys
-
+    # lazy: SQLAlchemy and the database modules stay out of hpo --help (module docstring)
     from sqlalchemy.exc import SQLAlchemyError
 
-    from hpo.cli import CliError
     from hpo.server.auth.tokens import token_count
     from hpo.server.db import Database
 
@@ -238,6 +229,7 @@ def connections_warning(db: Database, processes: int) -> str | None:
     would need more Postgres connections than the database has free (None on SQLite, or when they
     fit). Past max_connections, requests answer 503 under load (bench/fleet_sim.py: 4 processes
     and 1,000 workers on Postgres' default of 100)."""
+    # lazy: SQLAlchemy and the database modules stay out of hpo --help (module docstring)
     from sqlalchemy import text
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -273,7 +265,7 @@ def connections_warning(db: Database, processes: int) -> str | None:
 
 def database_problem(url: str, exc: BaseException) -> str:
     """One or two lines for a database the server cannot open: what failed and what to do."""
-    from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import make_url  # lazy: SQLAlchemy stays out of hpo --help (module docstring)
 
     try:
         parsed = make_url(url)
@@ -300,8 +292,6 @@ def database_problem(url: str, exc: BaseException) -> str:
 
 
 def _sqlite_folder(database: str | None) -> Any:
-    from pathlib import Path
-
     if not database or database == ":memory:":
         return None
     return Path(database).absolute().parent

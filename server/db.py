@@ -17,6 +17,8 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Double, Engine, create_engine, event, exc, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
@@ -318,10 +320,7 @@ def keep_rows(session: Session, table: type[Any], rows: Sequence[Mapping[str, An
     read-only database), which costs only the keeping."""
     if not rows:
         return True
-    if on_postgres(session):
-        from sqlalchemy.dialects.postgresql import insert as upsert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+    upsert: Any = pg_insert if on_postgres(session) else sqlite_insert
     statement = upsert(table)
     statement = statement.on_conflict_do_update(
         index_elements=["trial_id", "name"],

@@ -65,7 +65,7 @@ class QuotaExceeded(HpoError):
 
 def one_line(exc: BaseException) -> str:
     """An error as one log line: the driver's own first line (a database outage is a condition to
-    report, not a bug to trace: DESIGN.md, "Errors")."""
+    report, not a bug to trace: docs/workers.md, "Database outages")."""
     cause = exc.__cause__ or exc
     text = str(getattr(cause, "orig", None) or cause).strip().splitlines()
     return f"{type(getattr(cause, 'orig', None) or cause).__name__}: {text[0] if text else ''}"[:500]

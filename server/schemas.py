@@ -119,7 +119,8 @@ class TrialPublic(_Public):
     attempt: int
     objective_value: float | None
     best_step: int | None
-    # Its best value was reached in an attempt that resumed from a checkpoint (issue 24).
+    # Its best value was reached in an attempt that resumed from a checkpoint (docs/analysis.md,
+    # "Values from resumed attempts").
     resumed: bool = False
     fail_kind: str | None
     error: str | None

@@ -1,12 +1,21 @@
 """`hpo token create|list|revoke`: manages API tokens in the database directly (HPO_DATABASE_URL),
 as the operator who runs the server does; no token is needed to create the first one, and no
-HTTP route can mint tokens, so a stolen admin token cannot make itself permanent unnoticed."""
+HTTP route can mint tokens, so a stolen admin token cannot make itself permanent unnoticed.
+
+As `hpo server`, it imports SQLAlchemy and the database modules only inside the handlers that
+need them, so `hpo --help` loads neither."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any
+
+from hpo.cli import CliError
+from hpo.server.errors import HpoError
+from hpo.settings import Settings, SettingsError
 
 ROLES = ("read", "write", "worker", "admin")
 
@@ -43,9 +52,7 @@ def register(subparsers: Any) -> None:
 
 
 def _database() -> Any:
-    from hpo.cli import CliError
-    from hpo.server.db import Database
-    from hpo.settings import Settings, SettingsError
+    from hpo.server.db import Database  # lazy: SQLAlchemy stays out of hpo --help (module docstring)
 
     try:
         settings = Settings.from_env()
@@ -57,11 +64,7 @@ def _database() -> Any:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hpo.cli import CliError
-    from hpo.server.auth.tokens import create_token
-    from hpo.server.errors import HpoError
+    from hpo.server.auth.tokens import create_token  # lazy: SQLAlchemy stays out of hpo --help (module docstring)
 
     output = Path(args.output) if args.output else None
     if output is not None and output.is_file() and output.read_text().strip():
@@ -85,8 +88,6 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _write_private(path: Any, text: str) -> None:
-    import os
-
     temporary = path.with_name(path.name + ".new")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
@@ -95,7 +96,7 @@ def _write_private(path: Any, text: str) -> None:
 
 
 def _list(_args: argparse.Namespace) -> int:
-    from hpo.server.auth.tokens import list_tokens
+    from hpo.server.auth.tokens import list_tokens  # lazy: SQLAlchemy stays out of hpo --help (module docstring)
 
     db = _database()
     try:
@@ -110,9 +111,7 @@ def _list(_args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    from hpo.cli import CliError
-    from hpo.server.auth.tokens import revoke_token
-    from hpo.server.errors import HpoError
+    from hpo.server.auth.tokens import revoke_token  # lazy: SQLAlchemy stays out of hpo --help (module docstring)
 
     db = _database()
     try:

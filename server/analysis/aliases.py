@@ -1,4 +1,4 @@
-"""A spec's `analysis.aliases` (issue 24, item 3): the script's own names mapped onto the ones the
+"""A spec's `analysis.aliases` (docs/analysis.md, "Aliases"): the script's own names mapped onto the ones the
 analysis reads (`spec.ANALYSIS_PARAMS`, `spec.ANALYSIS_METRICS`). The study and its trials are
 renamed once, at load, so every check reads hpo's names as it does for the built-in trainer;
 metric curves are queried by the script's name and filed under hpo's."""
@@ -40,7 +40,7 @@ def setting(aliases: Mapping[str, str], name: str, params: Mapping[str, Any], sp
 
 
 def missing_metric(aliases: Mapping[str, str], name: str) -> dict[str, str]:
-    """What a chart that needs metric `name` says when the study has none of it (issue 24, item 3):
+    """What a chart that needs metric `name` says when the study has none of it (docs/analysis.md, "Aliases"):
     `{name, reported_as, message}`, the message in words, pointing at `analysis.aliases` for the
     names the analysis reads."""
     own = metric_name(aliases, name)

@@ -108,7 +108,7 @@ def set_outliers_aside(
 
 
 def study_best(session: Session, study_id: int) -> TrialSummary | None:
-    """The study's best trial as the analysis decides it (DESIGN.md, "One best"): the best
+    """The study's best trial as the analysis decides it (docs/analysis.md, "Which trials count"): the best
     original trial that is feasible (not judged diverged, its lone outlier evaluations set aside),
     or still running; replicas never. `GET /studies/{id}` and `studies.csv` read this."""
     study = load.study_info(session, study_id)

@@ -1,5 +1,5 @@
-"""The checks that abstained for want of evidence (issue 24, item 2; DESIGN.md, "Third wave": each
-rule abstains below the evidence it needs and says so under `skipped`). Each entry is
+"""The checks that abstained for want of evidence (docs/analysis.md, "The evidence each rule
+needs": each rule abstains below the evidence it needs and says so under `skipped`). Each entry is
 `{check, reason, trial_ids}`: the rule, what it had and what it needs (`"5 evaluations, needs 16"`,
 `"needs train/loss"`), and the trials it would have judged (empty for a rule over an arm's trials).
 Entries with the same check and reason are merged, so a study of 5-evaluation curves lists

@@ -17,7 +17,7 @@ from hpo.server.analysis import load
 from hpo.server.analysis.judged import study_best
 from hpo.server.analysis.model import TrialSummary
 from hpo.server.db import Database
-from hpo.server.models import resumed
+from hpo.server.models import Pipeline, Round, resumed
 
 COLUMNS = (
     "study",
@@ -74,8 +74,6 @@ def _rounds(session: Any, round_ids: set[int]) -> dict[int, Any]:
     """The rounds (docs/rounds.md) the studies belong to, with their pipeline's name."""
     if not round_ids:
         return {}
-    from hpo.server.models import Pipeline, Round
-
     query = select(Round, Pipeline.name).join(Pipeline, Pipeline.id == Round.pipeline_id)
     return {r.id: (r, name) for r, name in session.execute(query.where(Round.id.in_(round_ids)))}
 

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from hpo.server.errors import (
     AlreadyExists,
@@ -86,8 +87,6 @@ def invalid_response(errors: list[FieldError]) -> JSONResponse:
 
 
 def _allowed(request: Request) -> str:
-    from starlette.routing import Match
-
     methods: set[str] = set()
     for route in request.app.routes:
         match, _ = route.matches({**request.scope, "method": "_"})

@@ -9,6 +9,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hpo.server.api.routes.dashboard import _page
+
 _TITLES = {400: "Bad request", 404: "Not found", 405: "Method not allowed", 409: "Conflict", 422: "Invalid request"}
 
 
@@ -24,10 +26,6 @@ def wants_html(scope: Scope) -> bool:
 
 def error_page(status: int, body: Any) -> bytes:
     """The page for an error status and the JSON body the API would have answered."""
-    from hpo.server.api.routes.dashboard import (
-        _page,  # the dashboard's templates; imported late (it imports this package)
-    )
-
     detail = body.get("detail") if isinstance(body, dict) else None
     details = detail if isinstance(detail, list) else []
     message = body.get("message") if isinstance(body, dict) and body.get("message") else detail

@@ -1,5 +1,6 @@
 """The designer: given observations in the unit cube, the next points to try. BoTorch does the
-statistics (STYLE.md, "BoTorch and Ax"); this module only assembles its three pieces:
+statistics (docs/decisions.md, "Bayesian optimization": BoTorch, not Optuna's GP sampler); this
+module only assembles its three pieces:
 
 - a model: `SingleTaskGP` on the feasible trials' objective (BoTorch's default kernel: RBF with a
   dimension-scaled log-normal lengthscale prior; standardized outcomes; our own noise prior, see
@@ -27,6 +28,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 _log = logging.getLogger("hpo.server.bayesian")
 
@@ -88,6 +91,7 @@ class Proposal:
 def propose(problem: Problem, *, raw_samples: int = 256, num_restarts: int = 6) -> Proposal:
     """`problem.q` new points in the unit cube, none equal to a pending point or to another of the
     batch after snapping."""
+    # lazy: torch and BoTorch load only where the fits run (module docstring)
     import torch
 
     start = time.perf_counter()
@@ -105,6 +109,7 @@ def propose(problem: Problem, *, raw_samples: int = 256, num_restarts: int = 6) 
 
 
 def _propose(problem: Problem, raw_samples: int, num_restarts: int) -> tuple[list[Point], str, dict[str, Any] | None]:
+    # lazy: torch and BoTorch load only where the fits run (module docstring)
     import torch
 
     if problem.dims == 0:
@@ -141,8 +146,6 @@ def _finite_only(problem: Problem) -> Problem:
 
 
 def _random(problem: Problem) -> Point:
-    import numpy as np
-
     return np.random.default_rng([problem.seed, 2]).random(problem.dims).tolist()
 
 
@@ -151,6 +154,7 @@ def _finite(value: float | None) -> bool:
 
 
 def _fit_gp(x: Any, y: Any) -> Any:
+    # lazy: torch and BoTorch load only where the fits run (module docstring)
     from botorch.fit import fit_gpytorch_mll
     from botorch.models import SingleTaskGP
     from botorch.models.transforms.outcome import Standardize
@@ -173,6 +177,7 @@ def _likelihood() -> Any:
     objective it blurs the last digits the exploitation phase is for (Branin's median regret
     0.011 against 0.0005 with this prior, bench/bayesian_bench.py), while noisy trials still get
     their noise inferred from the data (tests/server/bayesian/test_designer.py)."""
+    # lazy: torch and BoTorch load only where the fits run (module docstring)
     from gpytorch.constraints import GreaterThan
     from gpytorch.likelihoods import GaussianLikelihood
     from gpytorch.priors import LogNormalPrior
@@ -186,6 +191,7 @@ def _likelihood() -> Any:
 def _fit_feasibility(problem: Problem) -> Any:
     """A GP on 1 (feasible) / 0 (infeasible) over every finished trial: a regression stand-in for
     a classifier, cheap and smooth; its mean clipped to [0, 1] reads as a probability."""
+    # lazy: torch and BoTorch load only where the fits run (module docstring)
     import torch
 
     x = torch.tensor(problem.observed, dtype=torch.double)
@@ -196,6 +202,7 @@ def _fit_feasibility(problem: Problem) -> Any:
 def _optimize(
     problem: Problem, model: Any, baseline: Any, feasibility: Any, raw_samples: int, num_restarts: int
 ) -> list[Point]:
+    # lazy: torch and BoTorch load only where the fits run (module docstring)
     import torch
     from botorch.acquisition.logei import qLogNoisyExpectedImprovement
     from botorch.optim import optimize_acqf
@@ -229,6 +236,7 @@ def _feasibility_weighted(improvement: Any, feasibility: Any) -> Any:
     the constrained EI of Gelbart et al. (2014), P from the feasibility GP's posterior at each
     point of the batch (mean over the 0.5 threshold, in standard deviations). Pending points go to
     the improvement term, where they are fantasized."""
+    # lazy: torch and BoTorch load only where the fits run (module docstring)
     import torch
     from botorch.acquisition import AcquisitionFunction
 
@@ -262,6 +270,7 @@ def _feasibility_weighted(improvement: Any, feasibility: Any) -> Any:
 def _fallback(problem: Problem, feasibility: Any) -> list[Point]:
     """Too few feasible results to model the objective: the next quasi-random points; with a
     feasibility model, the q most likely feasible of 64 Sobol points instead."""
+    # lazy: torch and BoTorch load only where the fits run (module docstring)
     import torch
     from botorch.utils.sampling import draw_sobol_samples
 
@@ -280,8 +289,6 @@ def _distinct(problem: Problem, points: list[Point]) -> list[Point]:
     """Snaps each point and replaces any that repeats a pending point or an earlier one of the
     batch by a seeded random point that does not (after 100 tries, keeps the repeat: a space of a
     few discrete values may simply be exhausted)."""
-    import numpy as np
-
     snap = problem.snap or (lambda p: p)
     taken = {_key(snap(p)) for p in problem.pending}
     rng = np.random.default_rng([problem.seed, 1])
@@ -311,6 +318,7 @@ def _key(point: Sequence[float]) -> tuple[float, ...]:
 def _view(problem: Problem, objective: Any, feasibility: Any, x: Any, y: Any, sign: float) -> dict[str, Any]:
     """The model's predicted objective (mean, std, in the objective's own units) and probability of
     feasibility along each dimension through the best observed feasible point, the others held."""
+    # lazy: torch and BoTorch load only where the fits run (module docstring)
     import torch
 
     best = x[int(torch.argmax(y))]

@@ -332,7 +332,7 @@ def _view(job: Job) -> dict[str, Any]:
 def _init_child(threads: int) -> None:
     # A fitting process ends with the server thread that started it, even when that is SIGKILLed.
     die_with_parent(signal.SIGKILL)
-    import torch
+    import torch  # lazy: this runs in the fitting child process; the server process need not load torch
 
     torch.set_num_threads(threads)
 

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from hpo.server.bayesian import settings as bayes
+from hpo.server.bayesian.queue import arm_key
 from hpo.server.errors import FieldError, InvalidInput
 from hpo.server.layout import quasi_random as layout
 from hpo.server.models import Study, Trial, TrialStatus
@@ -31,8 +32,6 @@ Observation = list[Any]  # [full unit point of the new study, objective value or
 def warm_observations(session: Session, spec: StudySpec) -> dict[str, list[Observation]]:
     """By arm key (queue.arm_key), the warm-start observations of every listed study; raises
     `InvalidInput` naming each study whose space does not contain this one's and why."""
-    from hpo.server.bayesian.queue import arm_key
-
     settings = spec.bayesian
     if settings is None or settings.warm_start is None:
         return {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from hpo.server.analysis.model import TrialSummary  # noqa: E402
+from hpo.server.dashboard.charts.common import robust_range  # noqa: E402
 from hpo.server.space.search_space import Dimension, from_unit  # noqa: E402
 
 FORMATS = {"svg": "image/svg+xml", "png": "image/png"}
@@ -93,8 +95,6 @@ def _fit(text: str, width_inches: float, points: float) -> str:
 def _wrap(label: str, chars: int = 18) -> str:
     """A long category label over several lines, split after `=` and `,` first
     (`optimizer=nesterov` is never cut)."""
-    import textwrap
-
     if len(label) <= chars:
         return label
     parts = label.replace(", ", ",\n").replace("=", "=\n").split("\n")
@@ -274,8 +274,6 @@ def _line(ax: Axes, curve: Any, color: str, label: str | None, dashed: bool = Fa
 def _robust_log_y(ax: Axes) -> None:
     """Losses on a log axis whose limits hold the bulk of the curves (Tukey's fences in log space),
     so one divergent trial cannot flatten the rest."""
-    from hpo.server.dashboard.charts.common import robust_range
-
     values = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()] or [np.array([])])
     finite = values[np.isfinite(values)]
     if not len(finite) or finite.min() <= 0:

@@ -1,4 +1,4 @@
-"""Trial layout (DESIGN.md, "Trial layout"): arms crossed from the scientific values, one
+"""Trial layout (docs/spec.md, "Roles" and "Algorithms"): arms crossed from the scientific values, one
 quasi-random dimension per varied name, unit points mapped through each declaration's range.
 
 Pure and resumable, like Vizier's quasi-random designer: trials for points `start … start+count-1`

@@ -3,10 +3,10 @@ only the downsampled curves leave it, and kept (`curve_sketches`) for completed 
 no longer change, at the width the study page's curves chart asks for by default.
 
 The chart's first call read the best 300 trials' points: at 5,000 trials x 200 evaluations their
-58,000 points lay on 26,000 Postgres heap pages, 260 ms of a 300 ms target (issue 19). The kept
-rows are the same aggregate (`downsampled`'s very query, run by the curve statistics keeper as
-trials complete), one row per trial; a trial with none that holds (running, retried since, another
-width) is aggregated from its points as before."""
+58,000 points lay on 26,000 Postgres heap pages, 260 ms of a 300 ms target (docs/dashboard.md,
+"Large studies"). The kept rows are the same aggregate (`downsampled`'s very query, run by the curve
+statistics keeper as trials complete), one row per trial; a trial with none that holds (running,
+retried since, another width) is aggregated from its points as before."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from hpo.server.db import Database
 from hpo.server.errors import Conflict, InvalidInput
 from hpo.server.models import Launch, Pipeline, Round, Study
 from hpo.server.rounds.pipelines import launch_public, round_studies, round_summary
+from hpo.server.rounds.recipes import recipe_views
 from hpo.server.studies import service as studies
 from hpo.server.studies.from_baseline import pipeline_or_404, round_or_404
 from hpo.server.trials import reads as trials
@@ -38,8 +39,6 @@ VERDICTS = ("better", "within_noise", "worse", "unstable", "unknown")
 
 def get_round(db: Database, round_id: int) -> dict[str, Any]:
     """The round with its studies, its candidate, the evidence and its recipes' readouts."""
-    from hpo.server.rounds.recipes import recipe_views  # recipes build on this module
-
     with db.transaction() as session:
         row = round_or_404(session, round_id)
         pipeline = pipeline_or_404(session, row.pipeline_id)

@@ -1,4 +1,4 @@
-"""The study spec a user POSTs (DESIGN.md, "Study spec"): its shape, and the checks that refuse a
+"""The study spec a user POSTs (docs/spec.md): its shape, and the checks that refuse a
 spec with every offending field named and the reason in words.
 
 `parse_spec(raw)` is the one entry point. It raises `InvalidInput` listing every error found: first

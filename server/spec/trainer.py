@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # `resume_from` is set by the worker from the server's own checkpoint records, never by a spec
 # (it would name an arbitrary file for torch to load).
 _WORKER_ONLY = frozenset({"resume_from"})
-# A user program instead of a workload (DESIGN.md, "A trainer is a command or a workload").
+# A user program instead of a workload (docs/spec.md, "A user's program"; docs/scripts.md).
 COMMAND_KEYS = ("command", "workdir", "env", "silence_timeout_seconds", "metrics")
 TRAINER_KEYS: frozenset[str] = (
     (frozenset(_RunSettings.__dataclass_fields__) - _WORKER_ONLY)

@@ -14,6 +14,7 @@ from sqlalchemy import LargeBinary, Select, Text, cast, func, insert, select, te
 from sqlalchemy.orm import Session, defer
 
 from hpo.policy import ExecutionPolicy
+from hpo.server.analysis.judged import study_best
 from hpo.server.bayesian.start import bayesian_start
 from hpo.server.db import Database
 from hpo.server.errors import AlreadyExists, FieldError, InvalidInput, NotFound
@@ -494,7 +495,7 @@ def _view_fields(session: Session, study: Study, *, best: bool = True) -> dict[s
 
 def status_reason(session: Session, study: Study) -> str:
     """Why a paused study is paused: it paused itself after `max_failed_trials` failures in a row
-    (DESIGN.md, "Read side"), with the last failure's reason, or a person paused it."""
+    (docs/api.md, "GET /api/v1/studies/{id}"), with the last failure's reason, or a person paused it."""
     if study.consecutive_errors < study.max_failed_trials:
         return "paused by a person (PATCH status=paused, or hpo study pause); resume with status=active"
     last = session.execute(
@@ -511,10 +512,8 @@ def status_reason(session: Session, study: Study) -> str:
 
 
 def _best_trial(session: Session, study: Study) -> tuple[int, float] | None:
-    # The analysis decides (analysis.divergence.study_best): replicas never, diverged trials and
+    # The analysis decides (analysis.judged.study_best): replicas never, diverged trials and
     # lone outlier evaluations never, so the page, the CSV and the analysis name the same trial.
-    from hpo.server.analysis.judged import study_best
-
     best = study_best(session, study.id)
     return (best.id, float(best.objective)) if best is not None and best.objective is not None else None
 

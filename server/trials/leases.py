@@ -559,7 +559,8 @@ def _truncate_history(session: Session, trial_id: int, metric: str, mode: str, r
     # The quota's count follows (a NULL count, of a trial from before counting, stays NULL).
     count = 0 if resume is None else Trial.point_count - deleted
     # A resume keeps the earliest resume point of the history (points up to it are older attempts');
-    # a start from scratch has none (issue 24: a best value past it came from a resumed attempt).
+    # a start from scratch has none (a best value past it came from a resumed attempt: docs/analysis.md,
+    # "Values from resumed attempts").
     resumed_from: Any = (
         None
         if resume is None

@@ -78,7 +78,7 @@ def identical_runs(runs: Sequence[Any]) -> bool:
     """Whether two or more runs of one configuration with different seeds returned the same result
     (bit for bit; each run its `(value, best_step)`, so two runs tied by chance on a coarse metric
     at different steps are not taken for one): the seed does not reach the training code, so the
-    runs cannot measure trial variance (issue 24). Used by the analysis' comparison and by the
+    runs cannot measure trial variance (docs/analysis.md, "Noise"). Used by the analysis' comparison and by the
     rounds' evidence alike."""
     return len(runs) >= 2 and len(set(runs)) == 1
 
@@ -111,7 +111,7 @@ def replica_stats(replicas: Sequence[TrialSummary], original: TrialSummary | Non
     n = len(values)
     # Playbook (002), "Determining whether to adopt a training pipeline change": a replica is a rerun
     # of the same configuration, so one that diverges or fails is a property of that configuration
-    # (DESIGN.md: "a replica that diverges counts against its configuration"), never left out silently.
+    # (docs/analysis.md, "Noise": a replica that diverges counts against its configuration), never left out silently.
     failed = sum(t.infeasible or t.status == "failed" for t in replicas)
     finished = n + failed
     mean = float(np.mean(values)) if n else None

@@ -38,12 +38,12 @@ TRAIN_RISE = 0.10
 NOISE_CLEARANCE = 3.0
 LATE_SHARE, LATE_POINTS = 0.25, 8
 MIN_POINTS = 5
-# The evidence each curve rule needs (issue 24, item 2); below it the rule abstains and the
-# analysis lists it under `skipped` (`curve_needs`). high_variance and still_improving judge the
-# late window (the last quarter, at least the last LATE_POINTS evaluations): with fewer than twice
-# LATE_POINTS evaluations that window reaches into the first half of training and swallows the
-# first drop from chance. Overfitting needs a best and a sustained rise after it, and a training
-# loss to tell it from divergence.
+# The evidence each curve rule needs (docs/analysis.md, "The evidence each rule needs"); below it
+# the rule abstains and the analysis lists it under `skipped` (`curve_needs`). high_variance and
+# still_improving judge the late window (the last quarter, at least the last LATE_POINTS
+# evaluations): with fewer than twice LATE_POINTS evaluations that window reaches into the first
+# half of training and swallows the first drop from chance. Overfitting needs a best and a sustained
+# rise after it, and a training loss to tell it from divergence.
 NEEDS = {
     "high_variance": ("evaluations", 2 * LATE_POINTS),
     "still_improving": ("evaluations", 2 * LATE_POINTS),

@@ -55,7 +55,7 @@ def curve_names(metric: str, train_loss: str = TRAIN_LOSS) -> list[str]:
 
 def train_loss_name(study: load.StudyInfo) -> str:
     """The name the study's trials report their training loss under: `train/loss`, or the
-    script's own name that the spec's `analysis.aliases` maps onto it (issue 24)."""
+    script's own name that the spec's `analysis.aliases` maps onto it (docs/analysis.md, "Aliases")."""
     return metric_name(aliases_of(study.spec), TRAIN_LOSS)
 
 

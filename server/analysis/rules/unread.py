@@ -1,4 +1,4 @@
-"""Hyperparameters that never reached the training script (issue 21).
+"""Hyperparameters that never reached the training script (docs/analysis.md, "Checks": `unread_hyperparameter`).
 
 A command study's script gets its hyperparameters through placeholders of `trainer.command` or by
 reading `hpo.session().params`; the worker reports the names that arrived by neither path

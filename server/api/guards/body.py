@@ -12,6 +12,7 @@ client went away) logs one line, never a traceback."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from typing import Any
@@ -137,8 +138,6 @@ def _who(scope: Scope) -> str:
 
 
 async def _reply(send: Send, field: str, reason: str) -> None:
-    import json
-
     body = json.dumps({"detail": [{"field": field, "reason": reason}], "message": f"{field}: {reason}"}).encode()
     headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 422, "headers": headers})

@@ -6,8 +6,10 @@ the browser by Plotly (served from the `plotly` package, no CDN) from the JSON e
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import re
 import shlex
 from collections.abc import Mapping
 from functools import cache
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
@@ -151,8 +154,9 @@ def trial_page(db: DatabaseDep, settings: SettingsDep, request: Request, trial_i
 
 def resumed_mark(db: Any, trial: Any, spec: Mapping[str, Any]) -> dict[str, Any] | None:
     """The trial page's mark of a best value reached in an attempt resumed from a checkpoint
-    (issue 24, item 4): the step resumed from and what such a value is worth (`resume_advice`:
-    exact for the built-in trainer, a replica suggested for a command). None when not resumed."""
+    (docs/analysis.md, "Values from resumed attempts"): the step resumed from and what such a
+    value is worth (`resume_advice`: exact for the built-in trainer, a replica suggested for a
+    command). None when not resumed."""
     if not trial.resumed:
         return None
     with db.transaction() as session:
@@ -215,8 +219,6 @@ _VENDOR = {
 @cache
 def vendor_file(name: str) -> bytes:
     """The bytes of a vendored asset, read once per process."""
-    import importlib.util
-
     package, relative = _VENDOR[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -235,8 +237,6 @@ def vendor(name: str) -> Response:
 
 @router.get("/docs", response_class=HTMLResponse)
 def swagger_docs(request: Request) -> HTMLResponse:
-    from fastapi.openapi.docs import get_swagger_ui_html
-
     return get_swagger_ui_html(
         openapi_url=request.app.openapi_url,
         title="hpo API",
@@ -248,8 +248,6 @@ def swagger_docs(request: Request) -> HTMLResponse:
 
 @router.get("/redoc", response_class=HTMLResponse)
 def redoc_docs(request: Request) -> HTMLResponse:
-    from fastapi.openapi.docs import get_redoc_html
-
     return get_redoc_html(
         openapi_url=request.app.openapi_url,
         title="hpo API",
@@ -366,8 +364,6 @@ def markdown(text: str | None) -> Markup:
 
 def replicas_suggested(message: str, default: int = 5) -> int:
     """The replica count a `replicas_recommended` warning names (`About 7 replicas per arm`)."""
-    import re
-
     found = re.search(r"About (\d+) replicas", message) or re.search(r'"count": (\d+)', message)
     return int(found.group(1)) if found else default
 

@@ -1,4 +1,4 @@
-"""The worker protocol over HTTP (DESIGN.md, "Trial lifecycle and the worker protocol")."""
+"""The worker protocol over HTTP (docs/worker-protocol.md, "The lifecycle of a trial")."""
 
 from __future__ import annotations
 
