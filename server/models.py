@@ -134,7 +134,7 @@ class Trial(Base):
     # Checkpoints of attempts up to this one are not resumed from: an `error` restarts from scratch.
     restart_after_attempt: Mapped[int] = mapped_column(Integer, default=0)
     # The earliest checkpoint step its history was resumed from since its last start from scratch
-    # (leases._truncate_history; migration 0009): a best step beyond it came from a resumed attempt.
+    # (leases.truncate_history; migration 0009): a best step beyond it came from a resumed attempt.
     resumed_from_step: Mapped[int | None] = mapped_column(Integer)
     lease_id: Mapped[str | None] = mapped_column(String(36))
     # Seconds since the epoch on the database's clock (see db.now_seconds), so every server

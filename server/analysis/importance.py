@@ -56,7 +56,7 @@ def study_importance(session: Session, study: load.StudyInfo, arm: str | None = 
 
 
 def importance_by_dim(dims: Sequence[Dimension], trials: Sequence[TrialSummary]) -> dict[str, Any]:
-    """Importance of every declaration, conditional ones included (DESIGN.md: conditional
+    """Importance of every declaration, conditional ones included (docs/spec.md: conditional
     hyperparameters are separate dimensions, labelled with their arm): the unconditional ones over
     all `trials`, each group of declarations sharing a `when` over the trials where it applies
     (with the unconditional ones beside it, so it competes with them there). `learning_rate` under
@@ -102,7 +102,7 @@ def importance(
     varied = [d for d in dims if _varies(d.name, trials)]
     if len(trials) < 8 or not varied:
         return {**base, "message": "needs at least 8 completed trials and a hyperparameter that varies"}
-    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.ensemble import RandomForestRegressor  # heavy: loaded at server start by preload()
 
     rng = np.random.default_rng(0)
     rows = list(trials) if len(trials) <= max_rows else [trials[i] for i in rng.choice(len(trials), max_rows, False)]

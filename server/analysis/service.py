@@ -101,10 +101,11 @@ class StudyData:
 
 
 def analyze_study(db: Database, study_id: int) -> dict[str, Any]:
-    """The analysis of a study in DESIGN.md's shape (`study_id, objective, infeasible_fraction,
-    arms, warnings, caveats, max_train_steps, grad_clip`, plus `boundary, infeasible, curves,
-    budget, isolation` with the numbers behind every warning). Raises `NotFound` for an unknown
-    study. Works on a study that is still running: unfinished trials are counted, never judged."""
+    """The analysis of a study in the shape docs/api.md ("Analysis and plots") documents
+    (`study_id, objective, infeasible_fraction, arms, warnings, caveats, max_train_steps,
+    grad_clip`, plus `boundary, infeasible, curves, budget, isolation` with the numbers behind
+    every warning). Raises `NotFound` for an unknown study. Works on a study that is still
+    running: unfinished trials are counted, never judged."""
     return {**_checklist(db, study_id), "bayesian": json_safe(bayesian_view(db, study_id))}
 
 
@@ -139,7 +140,7 @@ def load(session: Session, study_id: int, *, best_few: int = BEST_FEW) -> StudyD
     trials, stats = load_trials(session, study, horizon)
     varied = [d.name for d in dimensions(study.spec) if d.role != "fixed"]
     unread = unread_warnings(unread_by_trial(session, study_id), {t.id: t.number for t in trials}, varied)
-    aliases = aliases_of(study.spec)  # the script's own names read as hpo's (issue 24)
+    aliases = aliases_of(study.spec)  # the script's own names read as hpo's (docs/analysis.md, "Aliases")
     study, trials = renamed_study(study, aliases), renamed_trials(trials, aliases)
     train_name, grad_name = metric_name(aliases, OBJECTIVE_TRAIN), metric_name(aliases, GRAD_NORM)
     sign = 1.0 if study.mode == "min" else -1.0
@@ -418,10 +419,10 @@ def resumed_caveats(
     arms: Sequence[Mapping[str, Any]], resumed: Mapping[int, int], trainer: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
     """One caveat per arm whose best trial reached its best value in an attempt resumed from a
-    checkpoint (issue 24). A command's resume may not be exact (a script that re-seeds its data
-    order ends elsewhere than an uninterrupted run), so the caveat suggests a replica of it; the
-    built-in trainer restores model, optimizer, data order and random state, so its caveat says
-    the value is the one an uninterrupted run gives."""
+    checkpoint (docs/analysis.md, "Values from resumed attempts"). A command's resume may not be
+    exact (a script that re-seeds its data order ends elsewhere than an uninterrupted run), so the
+    caveat suggests a replica of it; the built-in trainer restores model, optimizer, data order and
+    random state, so its caveat says the value is the one an uninterrupted run gives."""
     out = []
     for arm in arms:
         tid = arm["best_trial_id"]

@@ -86,7 +86,7 @@ class HotPath:
             )
             if not _runs(policy, dict(answer.config.get("trainer") or {})):
                 # Handed back as it was; the route's search (skipping that study) takes over.
-                await run_in_threadpool(leases._hand_back, adb.db, answer.trial_id, answer.lease_id)
+                await run_in_threadpool(leases.hand_back, adb.db, answer.trial_id, answer.lease_id)
                 return False
         if answer is None:
             await _send(send, 204, b"")

@@ -40,6 +40,7 @@ from hpo.server.space import ranges
 from hpo.server.spec.model import CROSSED_TYPES, Hyperparameter, parse_spec
 from hpo.server.studies import service as studies
 from hpo.server.studies.from_baseline import expand_spec, pipeline_or_404, round_or_404
+from hpo.trainer.divergence import TRAIN_LOSS
 
 KINDS = ("exploit", "steps", "instability", "warmup", "longer")
 REGULARIZERS = {"weight_decay": 0.0, "dropout": 0.0, "label_smoothing": 0.0}
@@ -436,7 +437,6 @@ def plan_instability(db: Database, ctx: Context, options: dict[str, Any]) -> Pla
 
 def read_instability(session: Session, recipe: RoundRecipe, trials: list[TrialSummary]) -> dict[str, Any]:
     """Per rate: diverged (the one definition) or the training loss rising after a decline."""
-    from hpo.trainer.divergence import TRAIN_LOSS
 
     curves = load.curves_of(session, [t.id for t in trials], [TRAIN_LOSS])
     rows = []

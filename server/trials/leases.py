@@ -67,12 +67,12 @@ def claim_runnable(
         answer = claim(db, worker_id, cpus, gpus, lease_seconds, skip_studies=refused)
         if answer is None or runs(answer.study_id, dict(answer.config.get("trainer") or {})):
             return answer
-        _hand_back(db, answer.trial_id, answer.lease_id)
+        hand_back(db, answer.trial_id, answer.lease_id)
         refused.append(answer.study_id)
     return None
 
 
-def _hand_back(db: Database, trial_id: int, lease_id: str) -> None:
+def hand_back(db: Database, trial_id: int, lease_id: str) -> None:
     """Undoes a claim that was never handed out: pending again, the attempt not counted (its
     trial_attempts row deleted)."""
     with db.transaction() as session:
@@ -121,7 +121,7 @@ def claim(
         params["skipped"] = list(skip_studies)
     if not db.is_sqlite:
         return _claim_postgres(db, params, lease_seconds)
-    statement = _claim_statement(True, bool(skip_studies))
+    statement = claim_statement(True, bool(skip_studies))
     with db.transaction() as session:
         reaped_first = db.reap_due()
         if reaped_first:
@@ -140,9 +140,9 @@ def claim(
         row = SimpleNamespace(**row._mapping, **study._mapping)
         resume = None
         if row.attempt > 1:  # a first attempt has no checkpoint to resume and no history to cut
-            resume = _resume_point(session, row.id, row.restart_after_attempt, row.attempt)
-            _truncate_history(session, row.id, row.objective_metric, row.objective_mode, resume)
-        return _claim_answer(row, lease_seconds, resume)
+            resume = resume_point(session, row.id, row.restart_after_attempt, row.attempt)
+            truncate_history(session, row.id, row.objective_metric, row.objective_mode, resume)
+        return claim_answer(row, lease_seconds, resume)
 
 
 def _claim_postgres(db: Database, params: dict[str, Any], lease_seconds: float) -> Claim | None:
@@ -151,7 +151,7 @@ def _claim_postgres(db: Database, params: dict[str, Any], lease_seconds: float) 
     own, under the new lease: no one else writes to the trial meanwhile (its old lease is gone, the
     new worker has no answer yet), and a server that dies between the two leaves a leased trial
     whose lease expires, as one that dies before sending the answer always did."""
-    statement = _claim_statement(False, "skipped" in params)
+    statement = claim_statement(False, "skipped" in params)
     with db.statement() as connection:
         reaped_first = db.reap_due()
         if reaped_first:
@@ -167,13 +167,13 @@ def _claim_postgres(db: Database, params: dict[str, Any], lease_seconds: float) 
             current = session.scalar(select(Trial.lease_id).where(Trial.id == row.id).with_for_update())
             if current != params["lease_id"]:  # expired already (a lease of a second or so)
                 return None
-            resume = _resume_point(session, row.id, row.restart_after_attempt, row.attempt)
-            _truncate_history(session, row.id, row.objective_metric, row.objective_mode, resume)
-    return _claim_answer(row, lease_seconds, resume)
+            resume = resume_point(session, row.id, row.restart_after_attempt, row.attempt)
+            truncate_history(session, row.id, row.objective_metric, row.objective_mode, resume)
+    return claim_answer(row, lease_seconds, resume)
 
 
 @functools.cache
-def _claim_statement(sqlite: bool, skipping: bool = False) -> Any:
+def claim_statement(sqlite: bool, skipping: bool = False) -> Any:
     now = Database.clock(sqlite)
     # The statuses and the limit are written into the SQL, not bound: with them as parameters a
     # prepared claim's generic plan could not use the partial index of pending trials, so Postgres
@@ -258,7 +258,7 @@ def heartbeat(db: Database, trial_id: int, lease_id: str, lease_seconds: float) 
     db.lease_seconds = lease_seconds
     if not db.is_sqlite:
         with db.statement() as connection:
-            row = connection.execute(_heartbeat_statement(), {"id": trial_id, "lease_id": lease_id, "s": lease_seconds})
+            row = connection.execute(heartbeat_statement(), {"id": trial_id, "lease_id": lease_id, "s": lease_seconds})
             renewed = row.first()
         if renewed is not None:
             stop = renewed.status != TrialStatus.running.value or renewed.study_status != StudyStatus.active.value
@@ -278,7 +278,7 @@ def heartbeat(db: Database, trial_id: int, lease_id: str, lease_seconds: float) 
 
 
 @functools.cache
-def _heartbeat_statement() -> Any:
+def heartbeat_statement() -> Any:
     statuses = (TrialStatus.running.value, TrialStatus.cancelled.value)
     return text(
         f"""UPDATE trials SET lease_expires_at = {Database.clock(False)} + CAST(:s AS double precision)
@@ -342,11 +342,11 @@ def _return_unrun(session: Session, trial: Trial, study: Study) -> None:
     Pending, the attempt not counted (its trial_attempts row and checkpoint records gone), no
     failure recorded, and its history cut back to what the claim left."""
     attempt = trial.attempt
-    resume = _resume_point(session, trial.id, trial.restart_after_attempt, attempt) if attempt > 1 else None
+    resume = resume_point(session, trial.id, trial.restart_after_attempt, attempt) if attempt > 1 else None
     session.execute(delete(Checkpoint).where(Checkpoint.trial_id == trial.id, Checkpoint.attempt == attempt))
     session.execute(delete(TrialAttempt).where(TrialAttempt.trial_id == trial.id, TrialAttempt.attempt == attempt))
     session.flush()
-    _truncate_history(session, trial.id, study.objective_metric, study.objective_mode, resume)
+    truncate_history(session, trial.id, study.objective_metric, study.objective_mode, resume)
     session.refresh(trial)
     _requeue(trial)
     trial.attempt = attempt - 1
@@ -508,7 +508,7 @@ def _count_error(study: Study) -> None:
         study.status = StudyStatus.paused
 
 
-def _resume_point(session: Session, trial_id: int, restart_after_attempt: int, attempt: int) -> Checkpoint | None:
+def resume_point(session: Session, trial_id: int, restart_after_attempt: int, attempt: int) -> Checkpoint | None:
     """The newest checkpoint of an earlier attempt that may be resumed (none after an `error`)."""
     return session.scalar(
         select(Checkpoint)
@@ -554,7 +554,7 @@ def _delete_points(session: Session, trial_id: int, after: int | None) -> int:
     return int(deleted)
 
 
-def _truncate_history(session: Session, trial_id: int, metric: str, mode: str, resume: Checkpoint | None) -> None:
+def truncate_history(session: Session, trial_id: int, metric: str, mode: str, resume: Checkpoint | None) -> None:
     deleted = _delete_points(session, trial_id, None if resume is None else resume.step)
     # The quota's count follows (a NULL count, of a trial from before counting, stays NULL).
     count = 0 if resume is None else Trial.point_count - deleted
@@ -578,7 +578,7 @@ def _truncate_history(session: Session, trial_id: int, metric: str, mode: str, r
     objective.refresh(session, trial_id, metric, mode)
 
 
-def _claim_answer(row: Any, lease_seconds: float, resume: Checkpoint | None) -> Claim:
+def claim_answer(row: Any, lease_seconds: float, resume: Checkpoint | None) -> Claim:
     spec: dict[str, Any] = row.spec
     config = {
         "params": row.params,

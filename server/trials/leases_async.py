@@ -3,7 +3,7 @@ protocol (`hpo.server.api.hotpath`), Postgres only.
 
 Through FastAPI a claim cost a server process 1.2 ms of CPU, most of it outside the statement: the
 thread hop of a sync endpoint, SQLAlchemy's execution, routing and dependency injection. Here the
-same statements (`leases._claim_statement`, `leases._heartbeat_statement`, compiled once to the
+same statements (`leases.claim_statement`, `leases.heartbeat_statement`, compiled once to the
 driver's SQL) run on the event loop, one round trip each, with the same answers. Whatever is
 rare goes on through `leases` in a thread: the reaping of expired leases (once a second), a later
 attempt's history cut, a worker handing back a trial it may not run.
@@ -62,8 +62,8 @@ class Compiled:
         return {**self.constants, **values}
 
 
-_CLAIM = Compiled(leases._claim_statement(False), ("lease_id", "worker_id", "cpus", "gpus", "lease_seconds"))
-_HEARTBEAT = Compiled(leases._heartbeat_statement(), ("id", "lease_id", "s"))
+_CLAIM = Compiled(leases.claim_statement(False), ("lease_id", "worker_id", "cpus", "gpus", "lease_seconds"))
+_HEARTBEAT = Compiled(leases.heartbeat_statement(), ("id", "lease_id", "s"))
 _RUNNING, _ACTIVE = TrialStatus.running.value, StudyStatus.active.value
 
 
@@ -161,7 +161,7 @@ async def claim(adb: AsyncDatabase, worker_id: str, cpus: float, gpus: float, le
         cut, resume = await run_in_threadpool(_cut_history, db, row, lease_id)
         if not cut:
             return None
-    return leases._claim_answer(row, lease_seconds, resume)
+    return leases.claim_answer(row, lease_seconds, resume)
 
 
 def _cut_history(db: Database, row: Any, lease_id: str) -> tuple[bool, Any]:
@@ -171,8 +171,8 @@ def _cut_history(db: Database, row: Any, lease_id: str) -> tuple[bool, Any]:
         current = session.scalar(select(Trial.lease_id).where(Trial.id == row.id).with_for_update())
         if current != lease_id:
             return False, None
-        resume = leases._resume_point(session, row.id, row.restart_after_attempt, row.attempt)
-        leases._truncate_history(session, row.id, row.objective_metric, row.objective_mode, resume)
+        resume = leases.resume_point(session, row.id, row.restart_after_attempt, row.attempt)
+        leases.truncate_history(session, row.id, row.objective_metric, row.objective_mode, resume)
         return True, resume
 
 

@@ -118,7 +118,7 @@ def _choice(dims: Mapping[str, Dimension], field: str, wanted: Any, arm: str | N
 
 
 def _grid(xs: np.ndarray, ys: np.ndarray, zs: np.ndarray, xlog: bool, ylog: bool, n: int = 40) -> dict[str, Any] | None:
-    from scipy.interpolate import griddata
+    from scipy.interpolate import griddata  # scipy.interpolate loads only for a contour
 
     tx = np.log10(xs) if xlog else xs
     ty = np.log10(ys) if ylog else ys

@@ -47,8 +47,8 @@ def curves_chart(session: Session, study: load.StudyInfo, options: dict[str, Any
     arm = options.get("arm")
     if arm:
         trials = [t for t in trials if arm_label(t.arm) == arm]
-    # One "best" (DESIGN.md): originals ranked as the analysis ranks them; a replica is never
-    # ranked, it is drawn beside the trial it repeats (marked `replica_of`).
+    # One "best" (docs/analysis.md, "Which trials count"): originals ranked as the analysis ranks
+    # them; a replica is never ranked, it is drawn beside the trial it repeats (marked `replica_of`).
     originals = [t for t in trials if t.replica_of is None]
     originals.sort(key=lambda t: (not t.feasible, sign * float(t.objective or 0.0) if t.feasible else 0.0, t.number))
     ranked = originals[:limit]
