@@ -38,7 +38,8 @@ from hpo.server.layout import quasi_random as layout
 from hpo.server.models import BayesianProposal, BayesianState, Study, StudyStatus, Trial, TrialStatus
 from hpo.server.space.dimension import map_unit, to_unit
 from hpo.server.space.search_space import ArmSpace
-from hpo.server.spec.model import StudySpec, parse_spec
+from hpo.server.spec.model import StudySpec
+from hpo.server.spec.parse import parse_spec
 
 _log = logging.getLogger("hpo.server.bayesian")
 

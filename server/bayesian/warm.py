@@ -24,7 +24,8 @@ from hpo.server.layout import quasi_random as layout
 from hpo.server.models import Study, Trial, TrialStatus
 from hpo.server.space.dimension import contains, to_unit, value_key
 from hpo.server.space.search_space import ArmSpace
-from hpo.server.spec.model import CROSSED_TYPES, Hyperparameter, StudySpec, parse_spec
+from hpo.server.spec.model import CROSSED_TYPES, Hyperparameter, StudySpec
+from hpo.server.spec.parse import parse_spec
 
 Observation = list[Any]  # [full unit point of the new study, objective value or None (infeasible)]
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from hpo.server.errors import FieldError, InvalidInput
 from hpo.server.layout.quasi_random import TrialDraft, trial_seed
-from hpo.server.spec.model import StudySpec, manual_arm, manual_trial_errors
+from hpo.server.spec.model import StudySpec
+from hpo.server.spec.parse import manual_arm, manual_trial_errors
 
 
 def manual_drafts(spec: StudySpec, trials: list[dict[str, Any]]) -> list[TrialDraft]:

@@ -28,7 +28,7 @@ from hpo.server.db import Database
 from hpo.server.errors import AlreadyExists, FieldError, InvalidInput
 from hpo.server.models import Launch, Pipeline, Round, Study
 from hpo.server.spec import workloads
-from hpo.server.spec.model import parse_spec
+from hpo.server.spec.parse import parse_spec
 from hpo.server.spec.trainer import policy_errors
 from hpo.server.studies.from_baseline import pipeline_or_404
 

@@ -37,7 +37,8 @@ from hpo.server.errors import Conflict, FieldError, InvalidInput, NotFound
 from hpo.server.models import Pipeline, Round, RoundRecipe, Study
 from hpo.server.rounds.pipelines import round_studies
 from hpo.server.space import ranges
-from hpo.server.spec.model import CROSSED_TYPES, Hyperparameter, parse_spec
+from hpo.server.spec.model import CROSSED_TYPES, Hyperparameter
+from hpo.server.spec.parse import parse_spec
 from hpo.server.studies import service as studies
 from hpo.server.studies.from_baseline import expand_spec, pipeline_or_404, round_or_404
 from hpo.trainer.divergence import TRAIN_LOSS

@@ -32,7 +32,8 @@ from hpo.server.schemas import (
     Warning,
 )
 from hpo.server.spec import advice, trainer, workloads
-from hpo.server.spec.model import StudySpec, arm_count, parse_spec
+from hpo.server.spec.model import StudySpec, arm_count
+from hpo.server.spec.parse import parse_spec
 from hpo.server.studies.from_baseline import expand_spec
 
 MAX_TRIALS_PER_STUDY = 100_000

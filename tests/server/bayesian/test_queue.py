@@ -15,7 +15,7 @@ from hpo.server.bayesian import queue
 from hpo.server.bayesian.designer import Problem, Proposal, propose
 from hpo.server.db import Database
 from hpo.server.models import BayesianProposal, BayesianState, Trial
-from hpo.server.spec.model import parse_spec
+from hpo.server.spec.parse import parse_spec
 from hpo.server.studies import service as studies
 from hpo.server.trials import leases
 from tests.server.bayesian.helpers import bayesian_spec, run_one

@@ -13,7 +13,8 @@ from scipy.stats import qmc
 
 from hpo.server.layout.quasi_random import dimensions, layout_trials, trial_seed
 from hpo.server.space.dimension import map_unit, to_unit
-from hpo.server.spec.model import Hyperparameter, parse_spec
+from hpo.server.spec.model import Hyperparameter
+from hpo.server.spec.parse import parse_spec
 from tests.server.factories import study_spec
 
 

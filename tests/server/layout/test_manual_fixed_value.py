@@ -4,7 +4,7 @@ may repeat fixed values")."""
 from __future__ import annotations
 
 from hpo.server.layout.manual import manual_drafts
-from hpo.server.spec.model import parse_spec
+from hpo.server.spec.parse import parse_spec
 from tests.server.factories import study_spec
 
 TRIAL = {"params": {"optimizer": "adam", "learning_rate": 1e-3, "beta1": 0.9, "weight_decay": 1e-5, "batch_size": 128}}

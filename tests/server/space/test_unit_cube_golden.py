@@ -16,7 +16,8 @@ import pytest
 from hpo.server.bayesian import settings, warm
 from hpo.server.layout import quasi_random as layout
 from hpo.server.space import dimension
-from hpo.server.spec.model import Hyperparameter, parse_spec
+from hpo.server.spec.model import Hyperparameter
+from hpo.server.spec.parse import parse_spec
 from tests.server.factories import study_spec
 
 nan = math.nan

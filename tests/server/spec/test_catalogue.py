@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from hpo.policy import BUILTIN_WORKLOADS
-from hpo.server.spec.model import parse_spec
+from hpo.server.spec.parse import parse_spec
 from hpo.server.spec.workloads import BUILTIN, CHOICES, workload_errors, workload_warnings
 from tests.server.factories import study_spec
 

@@ -8,7 +8,7 @@ import pytest
 from hpo.server.errors import InvalidInput
 from hpo.server.layout.manual import manual_drafts
 from hpo.server.spec.advice import design_warnings
-from hpo.server.spec.model import parse_spec
+from hpo.server.spec.parse import parse_spec
 from tests.server.factories import study_spec
 
 SCI = {"name": "optimizer", "role": "scientific", "type": "categorical", "values": ["sgd", "adam"]}

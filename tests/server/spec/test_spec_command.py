@@ -12,7 +12,7 @@ import pytest
 
 from hpo.policy import ExecutionPolicy
 from hpo.server.errors import InvalidInput
-from hpo.server.spec.model import parse_spec
+from hpo.server.spec.parse import parse_spec
 from hpo.settings import Settings
 from tests.conftest import LiveServer
 from tests.server.factories import study_spec

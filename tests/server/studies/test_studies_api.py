@@ -12,7 +12,7 @@ from hpo.cli import main
 from hpo.policy import ExecutionPolicy
 from hpo.server.config import ServerSettings
 from hpo.server.layout import quasi_random as layout
-from hpo.server.spec.model import parse_spec
+from hpo.server.spec.parse import parse_spec
 from hpo.server.studies import service as studies
 from hpo.server.studies.service import LIST_SPEC_BYTES, MAX_SPEC_VALUES
 from hpo.settings import Settings
