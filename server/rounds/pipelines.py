@@ -194,6 +194,3 @@ def round_summary(session: Session, row: Round) -> dict[str, Any]:
         "study_ids": [s.id for s in studies],
         "created_at": row.created_at.isoformat(),
     }
-
-
-# --- studies in a round ----------------------------------------------------------------------------

@@ -252,6 +252,3 @@ def crossed_arms(spec: StudySpec) -> list[dict[str, Any]]:
 def sampled_names(spec: StudySpec) -> list[str]:
     """Each distinct varied name that gets a search dimension, ordered by name."""
     return sorted({hp.name for hp in spec.hyperparameters if hp.sampled})
-
-
-# --- manual trials -------------------------------------------------------------------------------

@@ -11,7 +11,15 @@ from sqlalchemy.orm import Session
 from hpo.server.analysis import load
 from hpo.server.analysis.importance import holds_by_arm
 from hpo.server.analysis.model import arm_label, fmt
-from hpo.server.dashboard.charts.common import _axis_type, _bounds, _originals, _sign, _worst, hovers, trial_summaries
+from hpo.server.dashboard.charts.common import (
+    axis_bounds,
+    axis_type,
+    hovers,
+    objective_sign,
+    original_trials,
+    trial_summaries,
+    worst_value,
+)
 from hpo.server.dashboard.charts.progress import thin
 from hpo.server.space.search_space import dimensions
 
@@ -27,9 +35,9 @@ def axis_chart(session: Session, study: load.StudyInfo, _options: dict[str, Any]
     objective of each original trial by arm, infeasible trials as red crosses beyond the worst
     value, completed replicas marked (`replicas`, drawn hollow, as in the history chart), the
     searched bounds, log axes for log scales."""
-    trials = _originals(session, study.id)
+    trials = original_trials(session, study.id)
     copies = [t for t in trial_summaries(session, study.id) if t.replica_of is not None and t.feasible]
-    sign = _sign(study)
+    sign = objective_sign(study)
     drawn: set[int] = set()
     panels = []
     for dim in dimensions(study.spec):
@@ -39,7 +47,7 @@ def axis_chart(session: Session, study: load.StudyInfo, _options: dict[str, Any]
         mine = [t for t in trials if dim.name in t.params and holds[t.arm_key]]
         twins = [t for t in copies if dim.name in t.params and holds[t.arm_key]]
         feasible = [t for t in mine if t.feasible]
-        worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
+        worst = worst_value([float(t.objective or 0.0) for t in feasible], study.mode)
         series: dict[str, dict[str, Any]] = {}
         shown = thin(feasible, sign, AXIS_POINTS)
         drawn.update(t.id for t in shown)
@@ -56,9 +64,9 @@ def axis_chart(session: Session, study: load.StudyInfo, _options: dict[str, Any]
                 "param": dim.label,
                 "name": dim.name,
                 "role": dim.role,
-                "axis_type": _axis_type(dim),
+                "axis_type": axis_type(dim),
                 "scale": dim.scale,
-                "bounds": _bounds(dim),
+                "bounds": axis_bounds(dim),
                 "categories": [str(v) for v in dim.values] if dim.type == "categorical" else None,
                 "series": list(series.values()),
                 "infeasible": {
@@ -86,9 +94,9 @@ def parallel_chart(session: Session, study: load.StudyInfo, _options: dict[str, 
     conditional hyperparameter is its own axis labelled with its arm; a trial of another arm
     crosses it at an `n/a` tick below its range. Each axis names its table column (`param`) and
     whether it is log10 (`log`), so brushing it can filter the trial table."""
-    feasible = [t for t in _originals(session, study.id) if t.feasible]
+    feasible = [t for t in original_trials(session, study.id) if t.feasible]
     # Each line costs the browser's WebGL; past PARALLEL_LINES, the best ones (where the questions are)
-    trials = sorted(feasible, key=lambda t: _sign(study) * float(t.objective or 0.0))[:PARALLEL_LINES]
+    trials = sorted(feasible, key=lambda t: objective_sign(study) * float(t.objective or 0.0))[:PARALLEL_LINES]
     dims = [d for d in dimensions(study.spec) if d.role != "fixed"]
     axes: list[dict[str, Any]] = []
     for dim in dims:
@@ -121,7 +129,7 @@ def parallel_chart(session: Session, study: load.StudyInfo, _options: dict[str, 
                 "ticktext": [f"1e{k}" for k in ticks],
             }
         else:
-            axis = {"label": dim.label, "param": dim.label, "values": values, "range": _bounds(dim)}
+            axis = {"label": dim.label, "param": dim.label, "values": values, "range": axis_bounds(dim)}
         if dim.when:
             _not_applicable_below(axis)
         axes.append(axis)

@@ -37,15 +37,15 @@ def hovers(trials: Sequence[TrialSummary], metric: str) -> dict[str, str]:
     return {str(t.id): hover(t, metric) for t in trials}
 
 
-def _originals(session: Session, study_id: int) -> list[TrialSummary]:
+def original_trials(session: Session, study_id: int) -> list[TrialSummary]:
     return [t for t in trial_summaries(session, study_id) if t.replica_of is None]
 
 
-def _sign(study: load.StudyInfo) -> float:
+def objective_sign(study: load.StudyInfo) -> float:
     return 1.0 if study.mode == "min" else -1.0
 
 
-def _worst(values: Sequence[float], mode: str) -> float:
+def worst_value(values: Sequence[float], mode: str) -> float:
     """Where infeasible trials are drawn: just beyond the worst feasible value."""
     if not values:
         return 1.0
@@ -53,13 +53,13 @@ def _worst(values: Sequence[float], mode: str) -> float:
     return max(values) + 0.08 * span if mode == "min" else min(values) - 0.08 * span
 
 
-def _axis_type(dim: Dimension) -> str:
+def axis_type(dim: Dimension) -> str:
     if dim.type == "categorical":
         return "category"
     return "log" if dim.scale == "log" else "linear"
 
 
-def _bounds(dim: Dimension) -> list[Any] | None:
+def axis_bounds(dim: Dimension) -> list[Any] | None:
     if dim.type == "discrete" and dim.values:
         return [min(dim.values), max(dim.values)]
     if dim.min is not None and dim.max is not None:
@@ -67,7 +67,7 @@ def _bounds(dim: Dimension) -> list[Any] | None:
     return None
 
 
-def _numeric_dims(study: load.StudyInfo) -> list[Dimension]:
+def numeric_dims(study: load.StudyInfo) -> list[Dimension]:
     return [d for d in dimensions(study.spec) if d.varied and d.type in ("float", "int", "discrete")]
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from hpo.server.analysis import load
 from hpo.server.analysis.importance import holds_by_arm
 from hpo.server.analysis.model import arm_label
-from hpo.server.dashboard.charts.common import _axis_type, _numeric_dims, _originals, _sign, hovers
+from hpo.server.dashboard.charts.common import axis_type, hovers, numeric_dims, objective_sign, original_trials
 from hpo.server.dashboard.charts.progress import THIN_POINTS, thin
 from hpo.server.errors import InvalidInput
 from hpo.server.space.search_space import Dimension, dimensions
@@ -29,14 +29,14 @@ def contour_chart(session: Session, study: load.StudyInfo, options: dict[str, An
     Nesterov's learning rates) is refused, never pooled on one axis. `pairs` lists, for each
     choice, the choices it can be drawn against."""
     arm = options.get("arm") or None
-    trials = [t for t in _originals(session, study.id) if t.feasible]
-    labels = sorted({arm_label(t.arm) for t in _originals(session, study.id)})
+    trials = [t for t in original_trials(session, study.id) if t.feasible]
+    labels = sorted({arm_label(t.arm) for t in original_trials(session, study.id)})
     if arm is not None:
         if arm not in labels:
             raise InvalidInput.one("arm", f"{arm!r} is not an arm of this study; arms: {labels}")
         trials = [t for t in trials if arm_label(t.arm) == arm]
     arms = [a for a in queries_arms(study) if arm is None or arm_label(a) == arm]
-    dims = {d.label: d for d in _numeric_dims(study) if any(d.applies(a) for a in arms)}
+    dims = {d.label: d for d in numeric_dims(study) if any(d.applies(a) for a in arms)}
     pairs = {x: [y for y, dy in dims.items() if y != x and _share_an_arm(dx, dy, arms)] for x, dx in dims.items()}
     x_label = _choice(dims, "x", options.get("x"), arm)
     if x_label is None:
@@ -69,7 +69,7 @@ def contour_chart(session: Session, study: load.StudyInfo, options: dict[str, An
     grid = _grid(xs, ys, zs, dx.scale == "log", dy.scale == "log") if len(trials) >= 4 else None
     # The surface is interpolated over every trial; the markers on top are thinned like the history
     # chart's (23,000 markers of a 50,000-trial study were 4 MB and a 2.2 s WebGL draw).
-    shown = thin(trials, _sign(study), CONTOUR_POINTS)
+    shown = thin(trials, objective_sign(study), CONTOUR_POINTS)
     points = {
         "x": [float(t.params[dx.name]) for t in shown],
         "y": [float(t.params[dy.name]) for t in shown],
@@ -77,8 +77,8 @@ def contour_chart(session: Session, study: load.StudyInfo, options: dict[str, An
     }
     return {
         **base,
-        "x_type": _axis_type(dx),
-        "y_type": _axis_type(dy),
+        "x_type": axis_type(dx),
+        "y_type": axis_type(dy),
         "points": points,
         "text": hovers(shown, study.metric),
         "shown": len(shown),

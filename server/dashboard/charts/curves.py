@@ -14,7 +14,7 @@ from hpo.server.analysis import load
 from hpo.server.analysis.aliases import CHECKED_METRICS, aliases_of, metric_name, missing_metric, setting
 from hpo.server.analysis.model import arm_label
 from hpo.server.analysis.service import horizon_of, json_safe
-from hpo.server.dashboard.charts.common import _sign, hover, robust_range, trial_summaries
+from hpo.server.dashboard.charts.common import hover, objective_sign, robust_range, trial_summaries
 from hpo.server.dashboard.charts.encoding import plain_text
 from hpo.server.db import Database
 from hpo.server.errors import NotFound
@@ -42,7 +42,7 @@ def curves_chart(session: Session, study: load.StudyInfo, options: dict[str, Any
     own = metric_name(aliases, metric)
     limit = int(options.get("limit") or CURVES_SHOWN)
     points = int(options.get("points") or CURVE_POINTS)
-    sign = _sign(study)
+    sign = objective_sign(study)
     trials = [t for t in trial_summaries(session, study.id) if t.status != "pending"]
     arm = options.get("arm")
     if arm:

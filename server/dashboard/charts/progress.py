@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from hpo.server.analysis import load
 from hpo.server.analysis.model import TrialSummary, arm_label
-from hpo.server.dashboard.charts.common import _originals, _sign, _worst, hovers, trial_summaries
+from hpo.server.dashboard.charts.common import hovers, objective_sign, original_trials, trial_summaries, worst_value
 from hpo.server.models import Trial, TrialStatus
 
 # Points per history chart or axis panel past which the dense middle is thinned: the best
@@ -119,11 +119,11 @@ def history_chart(session: Session, study: load.StudyInfo, _options: dict[str, A
     """The objective of each original trial against its number, by arm, infeasible trials as red
     crosses beyond the worst value, the best so far (originals only, as the analysis decides), and
     the completed replicas at the number of the trial they repeat (`replicas`, drawn hollow)."""
-    trials = _originals(session, study.id)
+    trials = original_trials(session, study.id)
     numbers = {t.id: t.number for t in trials}
-    sign = _sign(study)
+    sign = objective_sign(study)
     feasible = [t for t in trials if t.feasible]
-    worst = _worst([float(t.objective or 0.0) for t in feasible], study.mode)
+    worst = worst_value([float(t.objective or 0.0) for t in feasible], study.mode)
     series: dict[str, dict[str, Any]] = {}
     shown = thin(feasible, sign)
     for t in shown:

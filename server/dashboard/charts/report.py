@@ -14,7 +14,7 @@ from hpo.server.analysis.aliases import aliases_of, setting
 from hpo.server.analysis.rules.arms import arm_summaries
 from hpo.server.analysis.service import json_safe
 from hpo.server.dashboard.charts.common import (
-    _sign,
+    objective_sign,
     trial_summaries,
 )
 from hpo.server.dashboard.charts.curves import _positive
@@ -121,5 +121,5 @@ def best_per_arm(db: Database, study_id: int) -> dict[str, Any]:
     """For the compare page: a study's best trial per arm (arm summaries of the analysis)."""
     with db.transaction() as session:
         study = load.study_info(session, study_id)
-        arms = arm_summaries(trial_summaries(session, study_id), _sign(study))
+        arms = arm_summaries(trial_summaries(session, study_id), objective_sign(study))
     return json_safe({"id": study.id, "name": study.name, "metric": study.metric, "mode": study.mode, "arms": arms})
